@@ -1,0 +1,17 @@
+"""load(path) -> (ModelConfig, Weights): a .gguf file or a Hugging Face-style directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from enginecore.loader import gguf, safetensors
+from enginecore.model import ModelConfig
+from enginecore.weights import Weights
+
+
+def load(path: Path) -> tuple[ModelConfig, Weights]:
+    if path.is_file() and path.suffix == ".gguf":
+        return gguf.load(path)
+    if path.is_dir():
+        return safetensors.load(path)
+    raise ValueError(f"model_dir {path} is neither a .gguf file nor a model directory")

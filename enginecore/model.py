@@ -1,0 +1,115 @@
+"""The llama forward pass over a paged KV cache, one kernel call per line.
+
+A call runs a flattened varlen batch: any mix of prefill chunks (a slice of a prompt at any
+start position, attending to what is already cached) and single-token decodes. Only the rows
+that will be sampled reach the lm_head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from enginecore.kernels import attention, ops
+from enginecore.weights import F32, I32, Weights
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_eps: float
+    max_position: int  # the context the model was trained for
+    tie_embeddings: bool
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+def rope_tables(cfg: ModelConfig, max_pos: int) -> tuple[F32, F32]:
+    """cos, sin (max_pos, head_dim // 2) for rotate-half RoPE."""
+    half = cfg.head_dim // 2
+    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(half, dtype=np.float64) * 2 / cfg.head_dim))
+    angles = np.outer(np.arange(max_pos, dtype=np.float64), inv_freq)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+@dataclass(slots=True)
+class KVCache:
+    k: F32  # (n_layers, n_blocks, block_size, n_kv_heads, head_dim)
+    v: F32  # (n_layers, n_blocks, block_size, n_kv_heads, head_dim)
+
+    @staticmethod
+    def allocate(cfg: ModelConfig, num_blocks: int, block_size: int) -> KVCache:
+        shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        return KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+
+
+def forward(
+    cfg: ModelConfig,
+    w: Weights,
+    cache: KVCache,
+    rope: tuple[F32, F32],
+    token_ids: I32,  # (n,)
+    positions: I32,  # (n,)
+    seq_of_token: I32,  # (n,) row of block_tables
+    block_tables: I32,  # (n_seqs, max_blocks)
+    slot_mapping: I32,  # (n,)
+    sample_rows: I32,  # (r,) rows of the batch whose next token is wanted
+    return_hidden: bool = False,
+) -> F32:
+    """Logits (r, vocab), or the final-normed hidden states (r, d) when return_hidden."""
+    n, d = token_ids.shape[0], cfg.hidden_size
+    cos, sin = rope
+    x = np.empty((n, d), np.float32)  # residual stream
+    h = np.empty((n, d), np.float32)  # normed input of a sublayer
+    qkv = np.empty((n, cfg.q_dim + 2 * cfg.kv_dim), np.float32)
+    att = np.empty((n, cfg.q_dim), np.float32)
+    proj = np.empty((n, d), np.float32)
+    gate_up = np.empty((n, 2 * cfg.intermediate_size), np.float32)
+    act = np.empty((n, cfg.intermediate_size), np.float32)
+
+    w.embed.gather(token_ids, x)
+    for layer, lw in enumerate(w.layers):
+        ops.rmsnorm(x, lw.attn_norm, cfg.rms_eps, h)
+        lw.wqkv.matmul(h, qkv)  # [q | k | v]
+        ops.rope(qkv, positions, cos, sin, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
+        attention.store_kv(qkv, slot_mapping, cfg.q_dim, cfg.kv_dim, cache.k[layer], cache.v[layer])
+        attention.paged_attention(
+            qkv,
+            seq_of_token,
+            positions,
+            block_tables,
+            cache.k[layer],
+            cache.v[layer],
+            cfg.num_heads,
+            att,
+        )
+        lw.wo.matmul(att, proj)
+        ops.add_inplace(x, proj)
+        ops.rmsnorm(x, lw.ffn_norm, cfg.rms_eps, h)
+        lw.w_gate_up.matmul(h, gate_up)
+        ops.silu_mul(gate_up, act)
+        lw.w_down.matmul(act, proj)
+        ops.add_inplace(x, proj)
+
+    rows = np.ascontiguousarray(x[sample_rows])
+    out = np.empty_like(rows)
+    ops.rmsnorm(rows, w.final_norm, cfg.rms_eps, out)
+    if return_hidden:
+        return out
+    logits = np.empty((rows.shape[0], cfg.vocab_size), np.float32)
+    w.lm_head.matmul(out, logits)
+    return logits

@@ -1,0 +1,159 @@
+"""runtime.toml: one [engine] table, decoded strictly, with TL_ENGINE__<KEY> overrides.
+
+This is the only module that reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+ENV_PREFIX = "TL_ENGINE__"
+BUNDLED_MODEL = "~/.cache/tl-serve/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Every knob of one deployment; defaults serve the bundled model well."""
+
+    # model
+    model_dir: str = BUNDLED_MODEL
+    model_id: str = ""  # "" = derived from model_dir
+    max_model_len: int = 0  # 0 = the model's own context, capped at 8192
+    # listeners
+    http_listen: str = ":8000"
+    health_listen: str = ":9464"
+    api_keys: tuple[str, ...] = ()  # empty = no auth
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_messages: int = 1024
+    # admission (global, in the core)
+    queue_capacity: int = 256
+    queue_deadline_ms: int = 60_000
+    # scheduling
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    prefill_chunk: int = 256  # 0 = whole prompts
+    # kv cache
+    block_size: int = 16
+    num_kv_blocks: int = 0  # 0 = sized from kv_cache_bytes
+    kv_cache_bytes: int = 1 << 30
+    prefix_cache: Literal["radix", "none"] = "radix"
+    # speculative decoding
+    speculative: Literal["none", "prompt_lookup"] = "none"
+    spec_num_tokens: int = 4
+    spec_ngram_max: int = 4
+    spec_ngram_min: int = 2
+    # processes
+    core_address: str = ""  # "" = an ipc socket in the runtime dir, derived from http_listen
+    spawn_core: bool = True
+    client_timeout_s: float = 10.0
+    drain_timeout_s: float = 30.0
+    num_threads: int = 0  # compute threads of the core; 0 = all cores
+    # test knobs
+    step_delay_ms: int = 0
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    def __post_init__(self) -> None:
+        positive = (
+            "queue_capacity",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "block_size",
+            "kv_cache_bytes",
+            "max_body_bytes",
+            "max_messages",
+            "spec_num_tokens",
+            "spec_ngram_max",
+            "spec_ngram_min",
+        )
+        for key in positive:
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1")
+        non_negative = (
+            "max_model_len",
+            "queue_deadline_ms",
+            "prefill_chunk",
+            "num_kv_blocks",
+            "step_delay_ms",
+            "num_threads",
+        )
+        for key in non_negative:
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be >= 0")
+        if self.client_timeout_s <= 0:
+            raise ValueError("client_timeout_s must be > 0")
+        if self.drain_timeout_s < 0:
+            raise ValueError("drain_timeout_s must be >= 0")
+        if self.spec_ngram_min > self.spec_ngram_max:
+            raise ValueError("spec_ngram_min must be <= spec_ngram_max")
+        if self.block_size & (self.block_size - 1):
+            raise ValueError("block_size must be a power of two")
+        for key in ("http_listen", "health_listen"):
+            parse_listen(getattr(self, key), key)
+        if not self.spawn_core and not self.core_address:
+            raise ValueError("core_address is required when spawn_core = false")
+
+    @property
+    def model_path(self) -> Path:
+        return Path(self.model_dir).expanduser()
+
+    @property
+    def served_model_id(self) -> str:
+        if self.model_id:
+            return self.model_id
+        path = self.model_path
+        return path.stem if path.suffix == ".gguf" else path.name
+
+
+class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+
+
+class ConfigError(ValueError):
+    """runtime.toml or an override is wrong; the message names the key."""
+
+
+def parse_listen(value: str, key: str = "listen") -> tuple[str, int]:
+    """':8000' -> ('0.0.0.0', 8000); '127.0.0.1:8000' -> ('127.0.0.1', 8000)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"{key} must look like ':8000' or '127.0.0.1:8000', got {value!r}")
+    return (host.strip("[]") or "0.0.0.0", int(port))
+
+
+def _override_value(text: str) -> object:
+    """An env value is a TOML literal if it parses as one, else a plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def load(path: str | Path | None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read runtime.toml (or only defaults when path is None) and apply TL_ENGINE__ overrides."""
+    env = os.environ if environ is None else environ
+    raw: dict[str, object] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"cannot read config {path}: {e}") from e
+    table = raw.setdefault("engine", {})
+    if not isinstance(table, dict):
+        raise ConfigError("[engine] must be a table")
+    known = set(EngineConfig.__struct_fields__)
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        key = name[len(ENV_PREFIX) :].lower()
+        if key not in known:
+            raise ConfigError(f"unknown override {name}: engine has no key {key!r}")
+        table[key] = _override_value(value)
+    try:
+        return msgspec.convert(raw, Config, strict=False)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"invalid config: {e}") from e
