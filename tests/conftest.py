@@ -1,0 +1,42 @@
+"""Session fixtures: the tiny models (generated once per run) and the bundled model if present."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from shared.config import BUNDLED_MODEL
+from tests.fixtures import tiny_model as tm
+
+SUCC_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
+
+
+class TinyModels(NamedTuple):
+    hf: Path  # random llama, Hugging Face directory (no chat template: the default one)
+    gguf_f32: Path  # the same weights as F32 GGUF
+    gguf_quant: Path  # the same weights quantized like the bundled model (Q8_0 + Q4_1)
+    succ: Path  # the chapter's succ model, Hugging Face directory
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    root = tmp_path_factory.mktemp("models")
+    spec = tm.TinySpec()
+    state = tm.random_state(spec)
+    succ = tm.succ_state(tm.SUCC)
+    return TinyModels(
+        hf=tm.write_hf(root / "tiny", spec, state, None),
+        gguf_f32=tm.write_gguf(root / "tiny-f32.gguf", spec, state, False, None),
+        gguf_quant=tm.write_gguf(root / "tiny-q.gguf", spec, state, True, None),
+        succ=tm.write_hf(root / "succ", tm.SUCC, succ, SUCC_TEMPLATE),
+    )
+
+
+@pytest.fixture(scope="session")
+def bundled_model() -> Path:
+    path = Path(BUNDLED_MODEL).expanduser()
+    if not path.exists():
+        pytest.skip(f"bundled model not fetched ({path}); run `make model`")
+    return path
