@@ -1,0 +1,209 @@
+"""BlockManager: the fixed pool of KV blocks, ref-counted and shared through the radix cache."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from enginecore.radix_cache import RadixCache
+
+
+class Allocation(NamedTuple):
+    """A new sequence's block table and how many of its leading tokens are already cached."""
+
+    block_table: list[int]
+    num_cached_tokens: int
+
+
+@dataclass(slots=True)
+class _Live:
+    """Bookkeeping for one live block table."""
+
+    block_table: list[int]
+    num_published: int  # leading blocks that are in the tree and locked by this table
+
+
+# Ownership. Every block id is in exactly one state:
+#   free    - in `_free`; its contents mean nothing;
+#   private - in exactly one live table and not in the tree (being written, or a partial tail);
+#   cached  - in the tree; its ref count is the number of live tables holding it, and at
+#             ref 0 it is evictable: still reusable by a prefix match until the pool runs short.
+# A table's tree blocks are always its leading `num_published` blocks: the matched prefix,
+# then its own full blocks, published in order. Publishing a block whose tokens are already
+# cached under another block (two sequences computed the same prefix independently) swaps the
+# table entry to the tree's block, which holds the same KV, and frees the duplicate at once.
+# Live tables are tracked by identity: pass back the very list that `allocate` returned.
+
+
+class BlockManager:
+    """The only owner of block ids: allocation, growth, prefix sharing, release and eviction."""
+
+    def __init__(self, num_blocks: int, block_size: int, prefix_cache: bool) -> None:
+        assert num_blocks > 0
+        assert block_size > 0
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.prefix_cache = prefix_cache
+        self.cache = RadixCache(block_size)  # stays empty when prefix_cache is off
+        self._free: deque[int] = deque(range(num_blocks))
+        self._private: set[int] = set()
+        self._live: dict[int, _Live] = {}  # id(block_table) -> its bookkeeping
+        self.evictions_total = 0
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
+
+    @property
+    def num_free(self) -> int:
+        """Blocks holding nothing."""
+        return len(self._free)
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks in the prefix tree that no live sequence uses (evictable)."""
+        return self.cache.num_evictable
+
+    @property
+    def num_used(self) -> int:
+        """Blocks in at least one live sequence's table."""
+        return len(self._private) + self.cache.num_locked
+
+    @property
+    def num_available(self) -> int:
+        """Blocks a new allocation could take: free ones plus evictable cached ones."""
+        return len(self._free) + self.cache.num_evictable
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the pool used by live sequences."""
+        return self.num_used / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks that hold `num_tokens` token slots."""
+        return -(-num_tokens // self.block_size)
+
+    def can_allocate(self, num_tokens: int) -> bool:
+        """Whether `num_tokens` slots fit without any prefix hit (a conservative check)."""
+        return self.blocks_needed(num_tokens) <= self.num_available
+
+    def allocate(
+        self, token_ids: Sequence[int], max_new_tokens: int | None = None
+    ) -> Allocation | None:
+        """Start a sequence: reuse its cached prefix and reserve slots for the next tokens.
+
+        Slots are reserved for the cached prefix plus min(uncached tokens, `max_new_tokens`)
+        (all of `token_ids` by default). Returns None, changing nothing, if the pool is short.
+        At least one token is always left uncached, so the caller has logits to sample from.
+        """
+        max_blocks = max(len(token_ids) - 1, 0) // self.block_size
+        match = self.cache.match(token_ids, max_blocks)
+        num_new = len(token_ids) - match.num_tokens
+        if max_new_tokens is not None:
+            num_new = min(num_new, max_new_tokens)
+        need = self.blocks_needed(match.num_tokens + num_new) - len(match.block_ids)
+        self.cache.lock(match.block_ids)  # before taking blocks, so eviction spares them
+        new_blocks = self._take(need)
+        if new_blocks is None:
+            self.cache.unlock(match.block_ids)
+            return None
+        block_table = match.block_ids + new_blocks
+        self._live[id(block_table)] = _Live(block_table, len(match.block_ids))
+        self.prefix_query_tokens += len(token_ids)
+        self.prefix_hit_tokens += match.num_tokens
+        return Allocation(block_table, match.num_tokens)
+
+    def append_slots(self, block_table: list[int], num_tokens: int) -> bool:
+        """Grow a live table to hold `num_tokens` slots; False, changing nothing, if short."""
+        assert id(block_table) in self._live, "unknown block table"
+        need = self.blocks_needed(num_tokens) - len(block_table)
+        new_blocks = self._take(need)
+        if new_blocks is None:
+            return False
+        block_table.extend(new_blocks)
+        return True
+
+    def cache_full_blocks(self, token_ids: Sequence[int], block_table: list[int]) -> None:
+        """Publish the full blocks of `token_ids` so later requests can share them.
+
+        `token_ids` must be the tokens whose KV is written and final (the computed prefix,
+        never a freshly sampled token or an unverified draft). May swap entries of
+        `block_table` for identical cached blocks (see Ownership above).
+        """
+        live = self._live[id(block_table)]
+        if not self.prefix_cache:
+            return
+        num_full = min(len(token_ids) // self.block_size, len(block_table))
+        if num_full <= live.num_published:
+            return
+        start = live.num_published
+        tree_ids = self.cache.insert(
+            token_ids[: num_full * self.block_size], block_table[:num_full]
+        )
+        assert tree_ids[:start] == block_table[:start], "published prefix changed"
+        for i in range(start, num_full):
+            self._private.remove(block_table[i])
+            if tree_ids[i] != block_table[i]:
+                self._free.append(block_table[i])  # duplicate of a cached block
+                block_table[i] = tree_ids[i]
+        self.cache.lock(tree_ids[start:num_full])
+        live.num_published = num_full
+
+    def free(self, token_ids: Sequence[int], block_table: list[int]) -> None:
+        """Release a finished, aborted or preempted sequence's table and clear it.
+
+        Its full computed blocks are published first (see `cache_full_blocks` for what
+        `token_ids` must be), so they stay cached; the rest go back to free.
+        """
+        if id(block_table) not in self._live:
+            assert not block_table, "unknown block table"
+            return  # never allocated
+        self.cache_full_blocks(token_ids, block_table)
+        live = self._live.pop(id(block_table))
+        self.cache.unlock(block_table[: live.num_published])
+        for block_id in block_table[live.num_published :]:
+            self._private.remove(block_id)
+            self._free.append(block_id)
+        block_table.clear()
+
+    def _take(self, num_blocks: int) -> list[int] | None:
+        """Take blocks for private use, evicting LRU cached blocks if free ones run out."""
+        if num_blocks <= 0:
+            return []
+        if num_blocks > self.num_available:
+            return None
+        shortage = num_blocks - len(self._free)
+        if shortage > 0:
+            evicted = self.cache.evict(shortage)
+            assert len(evicted) == shortage
+            self.evictions_total += shortage
+            self._free.extend(evicted)
+        taken = [self._free.popleft() for _ in range(num_blocks)]
+        self._private.update(taken)
+        return taken
+
+    def check_integrity(self) -> None:
+        """Assert every block is in exactly one state and ref counts match the live tables."""
+        self.cache.check_integrity()
+        free = set(self._free)
+        cached = {b for b in range(self.num_blocks) if b in self.cache}
+        assert len(free) == len(self._free), "block freed twice"
+        assert not free & self._private, "free block in a table"
+        assert not free & cached, "free block in the tree"
+        assert not self._private & cached, "private block in the tree"
+        assert free | self._private | cached == set(range(self.num_blocks)), "block leaked"
+        assert self.num_free + self.num_cached + self.num_used == self.num_blocks
+        refs: Counter[int] = Counter()
+        private_uses: Counter[int] = Counter()
+        for key, live in self._live.items():
+            assert id(live.block_table) == key
+            table = live.block_table
+            assert all(b in self.cache for b in table[: live.num_published])
+            assert all(b in self._private for b in table[live.num_published :])
+            refs.update(table[: live.num_published])
+            private_uses.update(table[live.num_published :])
+        assert set(private_uses) == self._private, "private block outside any live table"
+        assert all(n == 1 for n in private_uses.values()), "private block in two tables"
+        for block_id in cached:
+            assert self.cache.ref_count(block_id) == refs[block_id], f"block {block_id} ref"
+        assert self.prefix_cache or self.cache.num_cached == 0

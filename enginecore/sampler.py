@@ -1,0 +1,245 @@
+"""Sampler: one token per logits row, from each request's params, history and random stream.
+
+Pipeline of one sampled row (vLLM v1's order): penalties on the raw logits, then temperature,
+then min-p and top-k (both are thresholds on the logit, so they commute), then top-p on the
+renormalized survivors. The result is a `Distribution` whose ids are ascending; a token is
+drawn from it by inverse CDF with exactly one uniform from the request's generator, so a
+seeded request samples the same tokens whatever else is in the batch. Greedy consumes no draw.
+
+Logprobs are the log-softmax of the RAW model logits (vLLM v1's default `raw_logprobs`): they
+describe the model, not the sampling settings, and never come out as -inf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from shared.protocol import SamplingParams, TokenLogprob, TopLogprob
+
+GREEDY_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
+TOP_P_FIRST_GUESS = 64  # top-p first looks at this many best tokens, growing x4, before a full sort
+
+Logits = npt.NDArray[np.float32]  # (vocab,) or (rows, vocab)
+Ids = npt.NDArray[np.int64]
+
+
+class RowInfo(Protocol):
+    """What the sampler reads from the request behind one logits row (a Request fits)."""
+
+    @property
+    def params(self) -> SamplingParams: ...
+    @property
+    def generator(self) -> np.random.Generator: ...
+    @property
+    def prompt_ids(self) -> Sequence[int]: ...
+    @property
+    def output_ids(self) -> Sequence[int]: ...
+
+
+class Distribution(NamedTuple):
+    """The final filtered distribution: kept token ids (ascending) and their probabilities."""
+
+    ids: Ids  # (n,) int64, ascending, every prob > 0
+    probs: npt.NDArray[np.float64]  # (n,), sums to 1
+
+
+def make_generator(seed: int | None) -> np.random.Generator:
+    """The request's own random stream: from its seed, else from OS entropy."""
+    return np.random.default_rng(seed)
+
+
+def is_greedy(params: SamplingParams) -> bool:
+    return params.temperature < GREEDY_EPS
+
+
+def has_penalties(params: SamplingParams) -> bool:
+    return (
+        params.repetition_penalty != 1.0
+        or params.presence_penalty != 0.0
+        or params.frequency_penalty != 0.0
+    )
+
+
+def draw(dist: Distribution, u: float) -> int:
+    """Inverse CDF over ascending ids: the token whose CDF interval holds `u` in [0, 1)."""
+    cdf = np.cumsum(dist.probs)
+    i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+    # u * cdf[-1] can round up to cdf[-1]; the last kept token owns that point.
+    return int(dist.ids[min(i, dist.ids.size - 1)])
+
+
+def top_ids(x: npt.NDArray[np.floating], k: int) -> Ids:
+    """The k best ids by value, ties to the lowest id, in ascending id order; O(V), no sort."""
+    n = x.size
+    if k >= n:
+        return np.arange(n, dtype=np.int64)
+    thr = np.partition(x, n - k)[n - k]
+    above = np.flatnonzero(x > thr)
+    ties = np.flatnonzero(x == thr)[: k - above.size]
+    return np.sort(np.concatenate([above, ties]))
+
+
+def rank(x: npt.NDArray[np.floating], ids: Ids) -> Ids:
+    """`ids` ordered by value descending, ties by id ascending."""
+    return ids[np.lexsort((ids, -x[ids]))]
+
+
+def penalized(
+    logits_row: Logits, params: SamplingParams, prompt_ids: Sequence[int], output_ids: Sequence[int]
+) -> Logits:
+    """The row after repetition (HF) then frequency/presence (OpenAI) penalties; a copy if changed."""
+    if not has_penalties(params):
+        return logits_row
+    x = logits_row.copy()
+    if params.repetition_penalty != 1.0:
+        # HF: over prompt + output, positive logits shrink by division, negative by multiplication.
+        seen = np.unique(np.concatenate([np.asarray(prompt_ids), np.asarray(output_ids)]))
+        seen = seen.astype(np.int64)
+        v = x[seen]
+        r = params.repetition_penalty
+        x[seen] = np.where(v > 0, v / r, v * r)
+    if len(output_ids) and (params.presence_penalty or params.frequency_penalty):
+        # OpenAI: generated tokens only.
+        toks, counts = np.unique(np.asarray(output_ids, dtype=np.int64), return_counts=True)
+        x[toks] -= params.frequency_penalty * counts + params.presence_penalty
+    return x
+
+
+def filtered(x: Logits, params: SamplingParams) -> Distribution:
+    """Temperature, min-p, top-k and top-p applied to (penalized) logits of a sampled row."""
+    n = x.size
+    k = params.top_k if 0 < params.top_k < n else n
+    ids = top_ids(x, k)
+    z = x[ids].astype(np.float64) / params.temperature
+    zmax = z.max()
+    if params.min_p > 0.0:
+        # p >= min_p * p_max  <=>  z >= z_max + ln(min_p): a logit threshold, no softmax needed.
+        keep = z >= zmax + np.log(params.min_p)
+        ids, z = ids[keep], z[keep]
+    w = np.exp(z - zmax)  # unnormalized; the best token has weight 1
+    if params.top_p < 1.0:
+        ids, w = _top_p(ids, w, params.top_p)
+    p = w / w.sum()
+    if not p.all():  # drop underflowed tokens so dense and sparse views hold the same support
+        ids, p = ids[p > 0], p[p > 0]
+    return Distribution(ids, p)
+
+
+def _top_p(
+    ids: Ids, w: npt.NDArray[np.float64], top_p: float
+) -> tuple[Ids, npt.NDArray[np.float64]]:
+    """Keep the smallest best-first prefix holding `top_p` of the mass; ids stay ascending."""
+    target = top_p * w.sum()
+    n = w.size
+    m = TOP_P_FIRST_GUESS
+    while m < n:
+        # The m best positions plus their ties: a best-first prefix, found without a full sort.
+        head = np.flatnonzero(w >= np.partition(w, n - m)[n - m])
+        if w[head].sum() >= target:
+            break
+        m *= 4
+    else:
+        head = np.arange(n)
+    order = rank(w, head)
+    cut = int(np.searchsorted(np.cumsum(w[order]), target, side="left")) + 1
+    kept = np.sort(order[:cut])
+    return ids[kept], w[kept]
+
+
+class Sampler:
+    """Greedy fast path plus per-row sampling with penalties, filters and seeded draws."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def sample(self, logits: Logits, rows: Sequence[RowInfo]) -> npt.NDArray[np.int32]:
+        """One token per row of `logits` (rows, vocab)."""
+        assert logits.shape == (len(rows), self.vocab_size), logits.shape
+        out: npt.NDArray[np.int32] = np.argmax(logits, axis=1).astype(
+            np.int32
+        )  # (rows,): the all-greedy batch ends here
+        for i, row in enumerate(rows):
+            p = row.params
+            if p.temperature < GREEDY_EPS and not has_penalties(p):
+                continue
+            out[i] = self.sample_row(logits[i], p, row.generator, row.output_ids, row.prompt_ids)
+        return out
+
+    def sample_row(
+        self,
+        logits_row: Logits,
+        params: SamplingParams,
+        generator: np.random.Generator,
+        output_ids: Sequence[int],
+        prompt_ids: Sequence[int],
+    ) -> int:
+        """One token from one row; one uniform drawn unless greedy."""
+        x = penalized(logits_row, params, prompt_ids, output_ids)
+        if is_greedy(params):
+            return int(np.argmax(x))
+        return draw(filtered(x, params), generator.random())
+
+    def distribution(
+        self,
+        logits_row: Logits,
+        params: SamplingParams,
+        output_ids: Sequence[int],
+        prompt_ids: Sequence[int],
+    ) -> Distribution:
+        """The final distribution `sample_row` draws from (one-hot on the argmax when greedy)."""
+        x = penalized(logits_row, params, prompt_ids, output_ids)
+        if is_greedy(params):
+            return Distribution(np.array([np.argmax(x)], dtype=np.int64), np.ones(1))
+        return filtered(x, params)
+
+    def probs(
+        self,
+        logits_row: Logits,
+        params: SamplingParams,
+        output_ids: Sequence[int],
+        prompt_ids: Sequence[int],
+    ) -> npt.NDArray[np.float64]:
+        """`distribution` as a dense (vocab,) vector."""
+        dist = self.distribution(logits_row, params, output_ids, prompt_ids)
+        p = np.zeros(logits_row.size, dtype=np.float64)
+        p[dist.ids] = dist.probs
+        return p
+
+    def target_probs(
+        self, logits: Logits, row: RowInfo, drafts: Sequence[int]
+    ) -> npt.NDArray[np.float64]:
+        """(k+1, vocab) distributions at the k+1 verified positions; position j sees drafts[:j]."""
+        assert logits.shape[0] == len(drafts) + 1, (logits.shape, len(drafts))
+        out = list(row.output_ids)
+        rows = []
+        for j in range(len(drafts) + 1):
+            rows.append(self.probs(logits[j], row.params, out + list(drafts[:j]), row.prompt_ids))
+        return np.stack(rows)
+
+    def target_ids(self, logits: Logits, row: RowInfo, drafts: Sequence[int]) -> list[int]:
+        """Greedy tokens at the k+1 verified positions; position j sees drafts[:j]."""
+        assert logits.shape[0] == len(drafts) + 1, (logits.shape, len(drafts))
+        if not has_penalties(row.params):
+            return [int(t) for t in np.argmax(logits, axis=1)]
+        out = list(row.output_ids)
+        return [
+            int(np.argmax(penalized(logits[j], row.params, row.prompt_ids, out + list(drafts[:j]))))
+            for j in range(len(drafts) + 1)
+        ]
+
+    @staticmethod
+    def logprobs_row(logits_row: Logits, token_id: int, n: int) -> TokenLogprob:
+        """Raw-logit logprob of `token_id` plus the n best tokens, best first (ties: lowest id)."""
+        x = logits_row.astype(np.float64)
+        m = x.max()
+        lse = m + np.log(np.exp(x - m).sum())
+        top = rank(x, top_ids(x, n)) if n > 0 else np.empty(0, dtype=np.int64)
+        return TokenLogprob(
+            token_id=token_id,
+            logprob=float(x[token_id] - lse),
+            top=[TopLogprob(token_id=int(t), logprob=float(x[t] - lse)) for t in top],
+        )

