@@ -113,6 +113,14 @@ class BlockManager:
         self.prefix_hit_tokens += match.num_tokens
         return Allocation(block_table, match.num_tokens)
 
+    def allocate_scratch(self, num_tokens: int) -> list[int] | None:
+        """A private table for a one-off forward (embeddings); release it with free([], table)."""
+        blocks = self._take(self.blocks_needed(num_tokens))
+        if blocks is None:
+            return None
+        self._live[id(blocks)] = _Live(blocks, 0)
+        return blocks
+
     def append_slots(self, block_table: list[int], num_tokens: int) -> bool:
         """Grow a live table to hold `num_tokens` slots; False, changing nothing, if short."""
         assert id(block_table) in self._live, "unknown block table"

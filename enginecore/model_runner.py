@@ -53,6 +53,11 @@ class ModelRunner:
             batch.block_tables, batch.slot_mapping, batch.sample_rows, return_hidden,
         )  # fmt: skip
 
+    def hidden_states(self, token_ids: list[int], block_table: list[int]) -> F32:
+        """Final-normed hidden states (n, d) of every token of one sequence, from position 0."""
+        chunk = SeqChunk(token_ids, 0, block_table, len(token_ids))
+        return self.run(Batch.build([chunk], self.block_size), return_hidden=True)
+
     def warmup(self) -> None:
         """Compile (or load from the numba cache) every kernel signature before serving."""
         t0 = time.monotonic()

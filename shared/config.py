@@ -6,6 +6,7 @@ This is the only module that reads the environment.
 from __future__ import annotations
 
 import os
+import tempfile
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -100,6 +101,14 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     @property
     def model_path(self) -> Path:
         return Path(self.model_dir).expanduser()
+
+    @property
+    def resolved_core_address(self) -> str:
+        """The ZeroMQ endpoint of the core: core_address, else an ipc socket named by the API port."""
+        if self.core_address:
+            return self.core_address
+        port = parse_listen(self.http_listen)[1]
+        return f"ipc://{tempfile.gettempdir()}/tl-serve-core-{port}.sock"
 
     @property
     def served_model_id(self) -> str:

@@ -1,0 +1,104 @@
+"""`python -m enginecore --config runtime.toml`: load the model, warm up, serve frontends."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from types import FrameType
+
+from enginecore.block_manager import BlockManager
+from enginecore.channel import Channel
+from enginecore.engine import Engine
+from enginecore.kernels.threads import set_num_threads
+from enginecore.model_runner import ModelRunner
+from enginecore.sampler import Sampler
+from enginecore.scheduler import Scheduler, SchedulerConfig
+from enginecore.spec import NgramProposer
+from shared.config import ConfigError, EngineConfig, load
+from shared.log import setup_logging
+from shared.model_card import read_card
+from shared.protocol import Welcome
+
+log = logging.getLogger("enginecore")
+
+
+def build(cfg: EngineConfig) -> Engine:
+    t0 = time.monotonic()
+    set_num_threads(cfg.num_threads)
+    path = cfg.model_path
+    runner = ModelRunner.from_path(
+        path, cfg.block_size, cfg.num_kv_blocks, cfg.kv_cache_bytes, cfg.max_model_len
+    )
+    runner.warmup()
+    card = read_card(path)
+    blocks = BlockManager(runner.num_blocks, cfg.block_size, cfg.prefix_cache == "radix")
+    proposer = (
+        NgramProposer(cfg.spec_ngram_max, cfg.spec_ngram_min, cfg.spec_num_tokens)
+        if cfg.speculative == "prompt_lookup"
+        else None
+    )
+    sched_cfg = SchedulerConfig(
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        prefill_chunk=cfg.prefill_chunk,
+        max_model_len=runner.max_model_len,
+        queue_capacity=cfg.queue_capacity,
+    )
+    welcome = Welcome(
+        model_id=cfg.served_model_id,
+        max_model_len=runner.max_model_len,
+        vocab_size=runner.cfg.vocab_size,
+        eos_ids=list(card.eos_ids),
+        block_size=cfg.block_size,
+        core_pid=os.getpid(),
+    )
+    engine = Engine(
+        channel=Channel(cfg.resolved_core_address),
+        runner=runner,
+        scheduler=Scheduler(sched_cfg, blocks, proposer),
+        sampler=Sampler(runner.cfg.vocab_size),
+        welcome=welcome,
+        client_timeout_s=cfg.client_timeout_s,
+        queue_deadline_ms=cfg.queue_deadline_ms,
+        step_delay_ms=cfg.step_delay_ms,
+    )
+    log.info(
+        "serving %s at %s: %d KV blocks of %d, max_model_len %d, ready in %.1f s",
+        welcome.model_id, cfg.resolved_core_address, runner.num_blocks, cfg.block_size,
+        runner.max_model_len, time.monotonic() - t0,
+    )  # fmt: skip
+    return engine
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="enginecore", description=__doc__)
+    parser.add_argument("--config", help="runtime.toml (defaults serve the bundled model)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load(args.config).engine
+    except ConfigError as e:
+        print(f"enginecore: {e}", file=sys.stderr)  # noqa: T201
+        return 2
+    setup_logging("enginecore", cfg.log_level)
+    try:
+        engine = build(cfg)
+    except (OSError, ValueError) as e:
+        log.error("cannot start: %s", e)
+        return 2
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        engine.drain()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    code = engine.run()
+    engine.channel.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

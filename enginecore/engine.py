@@ -1,0 +1,316 @@
+"""Engine: the core's loop. Take messages, drop aborted work, schedule, forward, sample, send."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from enginecore.block_manager import BlockManager
+from enginecore.channel import Channel
+from enginecore.model_runner import ModelRunner
+from enginecore.request import FINISH_REASON, Request
+from enginecore.sampler import Sampler, make_generator
+from enginecore.scheduler import Scheduled, Scheduler
+from enginecore.spec import accept
+from shared.protocol import (
+    Abort,
+    Bye,
+    Embed,
+    Embedded,
+    GetStats,
+    Heartbeat,
+    Hello,
+    Rejected,
+    RejectReason,
+    Shutdown,
+    ShutdownCore,
+    Stats,
+    Step,
+    Submit,
+    ToCore,
+    TokenEvent,
+    Welcome,
+)
+
+log = logging.getLogger(__name__)
+IDLE_POLL_MS = 500  # how often an idle core wakes to check client liveness
+
+
+class Engine:
+    def __init__(
+        self,
+        channel: Channel,
+        runner: ModelRunner,
+        scheduler: Scheduler,
+        sampler: Sampler,
+        welcome: Welcome,
+        client_timeout_s: float,
+        queue_deadline_ms: int,
+        step_delay_ms: int,
+    ) -> None:
+        self.channel = channel
+        self.runner = runner
+        self.scheduler = scheduler
+        self.blocks: BlockManager = scheduler.blocks
+        self.sampler = sampler
+        self.welcome = welcome
+        self.eos_ids = frozenset(welcome.eos_ids)
+        self.client_timeout_s = client_timeout_s
+        self.queue_deadline_ms = queue_deadline_ms
+        self.step_delay_s = step_delay_ms / 1000
+        self.clients: dict[bytes, float] = {}  # identity -> last time heard from
+        self.owner: dict[str, Request] = {}  # rid -> live request
+        self.draining = False
+        self.batch_tokens = 0
+        self.steps_total = 0
+        self.spec_proposed = 0
+        self.spec_accepted = 0
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Serve until drained; 0 after a drain, 1 after a fatal error (frontends are told)."""
+        try:
+            while not (self.draining and not self.scheduler.has_work()):
+                busy = self.scheduler.has_work()
+                for client, msg in self.channel.recv_all(0 if busy else IDLE_POLL_MS):
+                    self.handle(client, msg)
+                self.check_clients()
+                self.expire_waiting()
+                if self.scheduler.has_work():
+                    self.step()
+        except Exception as e:
+            log.exception("fatal error in the engine loop")
+            self.broadcast(Shutdown(reason=f"engine core failed: {e}", fatal=True))
+            return 1
+        self.broadcast(Shutdown(reason="drained", fatal=False))
+        return 0
+
+    def drain(self) -> None:
+        """Admit nothing new; the loop exits when running and waiting work is done."""
+        if not self.draining:
+            log.info(
+                "draining: %d running, %d waiting",
+                len(self.scheduler.running),
+                len(self.scheduler.waiting),
+            )
+        self.draining = True
+
+    def broadcast(self, msg: Shutdown) -> None:
+        for client in self.clients:
+            self.channel.send(client, msg)
+
+    # ---- messages ------------------------------------------------------------------------
+
+    def handle(self, client: bytes, msg: ToCore) -> None:
+        self.clients[client] = time.monotonic()
+        match msg:
+            case Hello():
+                self.channel.send(client, self.welcome)
+            case Submit():
+                self.submit(client, msg)
+            case Abort(rids=rids):
+                for rid in rids:
+                    self.abort(rid)
+            case Embed():
+                self.embed(client, msg)
+            case GetStats():
+                self.channel.send(client, self.stats())
+            case Heartbeat():
+                pass
+            case Bye():
+                self.forget(client)
+            case ShutdownCore():
+                self.drain()
+
+    def submit(self, client: bytes, msg: Submit) -> None:
+        reason = self.refusal(msg)
+        if reason is not None:
+            self.channel.send(client, Rejected(msg.rid, reason[0], reason[1]))
+            return
+        now = time.monotonic()
+        deadline_ms = msg.deadline_ms if msg.deadline_ms is not None else self.queue_deadline_ms
+        p = msg.params
+        req = Request(
+            rid=msg.rid,
+            client=client,
+            prompt_ids=list(msg.prompt_ids),
+            params=p,
+            stop_ids=frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos_ids),
+            priority=msg.priority,
+            arrival=now,
+            deadline=now + deadline_ms / 1000 if deadline_ms > 0 else None,
+            generator=make_generator(p.seed),
+        )
+        self.owner[msg.rid] = req
+        self.scheduler.add(req)
+
+    def refusal(self, msg: Submit) -> tuple[RejectReason, str] | None:
+        n, limit, vocab = len(msg.prompt_ids), self.welcome.max_model_len, self.welcome.vocab_size
+        if self.draining:
+            return RejectReason.SHUTTING_DOWN, "the engine core is shutting down"
+        if msg.rid in self.owner:
+            return RejectReason.INVALID, f"request id {msg.rid!r} is already in use"
+        if n == 0 or msg.params.max_tokens < 1:
+            return (
+                RejectReason.INVALID,
+                "a request needs at least one prompt token and max_tokens >= 1",
+            )
+        if min(msg.prompt_ids) < 0 or max(msg.prompt_ids) >= vocab:
+            return RejectReason.INVALID, f"token ids must be in [0, {vocab})"
+        if n + msg.params.max_tokens > limit:
+            return (
+                RejectReason.CONTEXT_LENGTH_EXCEEDED,
+                f"{n} prompt tokens + {msg.params.max_tokens} max_tokens exceed the context of {limit}",
+            )
+        if self.blocks.blocks_needed(n + msg.params.max_tokens) > self.blocks.num_blocks:
+            return RejectReason.NO_CAPACITY, "the KV cache is too small for this request"
+        if self.scheduler.queue_full():
+            return RejectReason.QUEUE_FULL, "the admission queue is full"
+        return None
+
+    def abort(self, rid: str) -> None:
+        if self.owner.pop(rid, None) is not None:
+            self.scheduler.abort(rid)
+
+    def forget(self, client: bytes) -> None:
+        """A frontend left or went silent: abort everything it owns."""
+        self.clients.pop(client, None)
+        for rid in [rid for rid, r in self.owner.items() if r.client == client]:
+            self.abort(rid)
+
+    def check_clients(self) -> None:
+        cutoff = time.monotonic() - self.client_timeout_s
+        for client in [c for c, seen in self.clients.items() if seen < cutoff]:
+            log.warning(
+                "frontend %r silent for %.0f s: aborting its requests",
+                client,
+                self.client_timeout_s,
+            )
+            self.forget(client)
+
+    def expire_waiting(self) -> None:
+        for req in self.scheduler.expire(time.monotonic()):
+            self.owner.pop(req.rid, None)
+            self.channel.send(
+                req.client,
+                Rejected(req.rid, RejectReason.NO_CAPACITY, "waited too long for capacity"),
+            )
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def step(self) -> None:
+        scheduled = self.scheduler.schedule()
+        if scheduled is None:
+            return
+        logits = self.runner.run(scheduled.batch)
+        emitted = self.sample(scheduled, logits)
+        finished = self.scheduler.update(scheduled, emitted)
+        self.batch_tokens = scheduled.batch.num_tokens
+        self.steps_total += 1
+        events: dict[bytes, list[TokenEvent]] = defaultdict(list)
+        for req in scheduled.requests:
+            if not req.new_ids and not req.status.is_finished:
+                continue
+            events[req.client].append(
+                TokenEvent(
+                    rid=req.rid,
+                    token_ids=req.new_ids,
+                    finish=FINISH_REASON.get(req.status),
+                    num_prompt_tokens=len(req.prompt_ids),
+                    num_cached_tokens=req.num_cached_tokens,
+                    logprobs=req.new_logprobs[: len(req.new_ids)]
+                    if req.params.logprobs is not None
+                    else None,
+                )
+            )
+        for req in finished:
+            self.owner.pop(req.rid, None)
+        for client, evs in events.items():
+            self.channel.send(client, Step(evs))
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
+
+    def sample(self, scheduled: Scheduled, logits: np.ndarray) -> list[list[int]]:
+        """The tokens each scheduled sequence emits, in batch order."""
+        starts = np.cumsum(
+            [0] + [c.num_sample for c in scheduled.chunks]
+        )  # first logits row of each
+        plain = [i for i, c in enumerate(scheduled.chunks) if c.num_sample == 1]
+        tokens = self.sampler.sample(logits[starts[plain]], [scheduled.requests[i] for i in plain])
+        plain_token = dict(zip(plain, tokens.tolist(), strict=True))
+        emitted: list[list[int]] = []
+        for i, (req, chunk) in enumerate(zip(scheduled.requests, scheduled.chunks, strict=True)):
+            rows = logits[starts[i] : starts[i] + chunk.num_sample]
+            if chunk.num_sample <= 1:
+                new = [plain_token[i]] if chunk.num_sample else []
+            else:
+                new = accept(self.sampler, rows, req, req.drafts)
+                self.spec_proposed += len(req.drafts)
+                self.spec_accepted += len(new) - 1
+            n_top = req.params.logprobs
+            req.new_logprobs = (
+                []
+                if n_top is None
+                else [self.sampler.logprobs_row(rows[j], t, n_top) for j, t in enumerate(new)]
+            )
+            emitted.append(new)
+        return emitted
+
+    # ---- between steps -------------------------------------------------------------------
+
+    def embed(self, client: bytes, msg: Embed) -> None:
+        """Mean of the final-normed hidden states of each input, L2-normalized, in order."""
+        vectors, total = [], 0
+        for ids in msg.inputs:
+            if (
+                not ids
+                or len(ids) > self.welcome.max_model_len
+                or min(ids) < 0
+                or max(ids) >= self.welcome.vocab_size
+            ):
+                self.channel.send(
+                    client,
+                    Rejected(
+                        msg.rid,
+                        RejectReason.INVALID,
+                        "an input is empty, too long or has bad token ids",
+                    ),
+                )
+                return
+            table = self.blocks.allocate_scratch(len(ids))
+            if table is None:
+                self.channel.send(
+                    client,
+                    Rejected(msg.rid, RejectReason.NO_CAPACITY, "no KV blocks free for embeddings"),
+                )
+                return
+            try:
+                hidden = self.runner.hidden_states(ids, table)
+            finally:
+                self.blocks.free([], table)
+            mean = hidden.astype(np.float64).mean(axis=0)
+            vectors.append((mean / max(np.linalg.norm(mean), 1e-12)).tolist())
+            total += len(ids)
+        self.channel.send(client, Embedded(msg.rid, vectors, total))
+
+    def stats(self) -> Stats:
+        b = self.blocks
+        return Stats(
+            kv_blocks_used=b.num_used,
+            kv_blocks_free=b.num_free,
+            kv_blocks_cached=b.num_cached,
+            queue_depth=self.scheduler.queue_depth,
+            active_sequences=len(self.scheduler.running),
+            batch_tokens=self.batch_tokens,
+            prefix_cache_queries=b.prefix_query_tokens,
+            prefix_cache_hits=b.prefix_hit_tokens,
+            preemptions_total=self.scheduler.preemptions_total,
+            kv_evictions_total=b.evictions_total,
+            spec_proposed_total=self.spec_proposed,
+            spec_accepted_total=self.spec_accepted,
+            steps_total=self.steps_total,
+        )
