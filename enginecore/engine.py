@@ -10,6 +10,7 @@ import numpy as np
 
 from enginecore.block_manager import BlockManager
 from enginecore.channel import Channel
+from enginecore.embedder import Embedder
 from enginecore.model_runner import ModelRunner
 from enginecore.request import FINISH_REASON, Request
 from enginecore.sampler import Sampler, make_generator
@@ -56,6 +57,7 @@ class Engine:
         self.scheduler = scheduler
         self.blocks: BlockManager = scheduler.blocks
         self.sampler = sampler
+        self.embedder = Embedder(runner, scheduler.blocks, welcome.max_model_len)
         self.welcome = welcome
         self.eos_ids = frozenset(welcome.eos_ids)
         self.client_timeout_s = client_timeout_s
@@ -263,39 +265,13 @@ class Engine:
     # ---- between steps -------------------------------------------------------------------
 
     def embed(self, client: bytes, msg: Embed) -> None:
-        """Mean of the final-normed hidden states of each input, L2-normalized, in order."""
-        vectors, total = [], 0
-        for ids in msg.inputs:
-            if (
-                not ids
-                or len(ids) > self.welcome.max_model_len
-                or min(ids) < 0
-                or max(ids) >= self.welcome.vocab_size
-            ):
-                self.channel.send(
-                    client,
-                    Rejected(
-                        msg.rid,
-                        RejectReason.INVALID,
-                        "an input is empty, too long or has bad token ids",
-                    ),
-                )
-                return
-            table = self.blocks.allocate_scratch(len(ids))
-            if table is None:
-                self.channel.send(
-                    client,
-                    Rejected(msg.rid, RejectReason.NO_CAPACITY, "no KV blocks free for embeddings"),
-                )
-                return
-            try:
-                hidden = self.runner.hidden_states(ids, table)
-            finally:
-                self.blocks.free([], table)
-            mean = hidden.astype(np.float64).mean(axis=0)
-            vectors.append((mean / max(np.linalg.norm(mean), 1e-12)).tolist())
-            total += len(ids)
-        self.channel.send(client, Embedded(msg.rid, vectors, total))
+        result = self.embedder.embed(msg.inputs)
+        if isinstance(result, tuple):
+            self.channel.send(client, Rejected(msg.rid, result[0], result[1]))
+        else:
+            self.channel.send(
+                client, Embedded(msg.rid, result, sum(len(ids) for ids in msg.inputs))
+            )
 
     def stats(self) -> Stats:
         b = self.blocks

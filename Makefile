@@ -1,0 +1,43 @@
+# tl-serve: `make serve` sets up and serves the bundled model; `make check` sets up and runs every check.
+PY ?= .venv/bin/python
+export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
+export PYTHONDONTWRITEBYTECODE = 1
+
+.PHONY: setup install model fmt lint type test test-all check serve bench
+
+setup: install model
+
+install: .venv/.installed
+.venv/.installed: pyproject.toml
+	python3 -m venv .venv
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+model: install
+	$(PY) deploy/fetch_model.py
+
+fmt: install
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+lint: install
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
+
+type: install
+	$(PY) -m mypy
+
+test: setup
+	$(PY) -m pytest tests/unit -q
+
+test-all: setup
+	$(PY) -m pytest -q
+
+check: setup lint type test-all
+
+serve: setup
+	.venv/bin/frontend --config deploy/runtime.toml
+
+bench: setup
+	$(PY) -m bench.model

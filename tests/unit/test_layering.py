@@ -1,0 +1,86 @@
+"""Import rules of STYLE.md §3.4, checked on the source with ast."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+THIRD_PARTY_OF = {
+    "shared": {"msgspec", "gguf"},  # gguf: shared/model_card.py reads GGUF metadata for both sides
+    "frontend": {
+        "msgspec",
+        "aiohttp",
+        "zmq",
+        "tokenizers",
+        "minijinja",
+        "prometheus_client",
+        "multidict",
+        "yarl",
+    },
+    "enginecore": {"msgspec", "numpy", "numba", "zmq", "gguf", "safetensors"},
+}
+FIRST_PARTY = {"shared", "frontend", "enginecore"}
+MAY_IMPORT = {
+    "shared": {"shared"},
+    "frontend": {"shared", "frontend"},
+    "enginecore": {"shared", "enginecore"},
+}
+# the only modules that may use these
+ONLY_IN = {
+    "numba": ("enginecore/kernels/",),
+    "zmq": ("enginecore/channel.py", "frontend/core_client.py"),
+    "gguf": ("shared/model_card.py", "enginecore/loader/"),
+    "safetensors": ("enginecore/loader/",),
+    "aiohttp": ("frontend/",),
+}
+KERNELS_MAY_IMPORT = {"numpy", "numba", "math"}
+
+
+def imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def stdlib(name: str) -> bool:
+    import sys
+
+    return name in sys.stdlib_module_names or name == "__future__"
+
+
+SOURCES = sorted(p for pkg in FIRST_PARTY for p in (ROOT / pkg).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_follow_the_layering(path: Path) -> None:
+    rel = str(path.relative_to(ROOT))
+    pkg = rel.split("/")[0]
+    for name in imports(path):
+        if stdlib(name):
+            continue
+        if name in FIRST_PARTY:
+            assert name in MAY_IMPORT[pkg], f"{rel} imports {name}"
+            continue
+        assert name in THIRD_PARTY_OF[pkg], f"{rel} imports {name}, not allowed in {pkg}/"
+        if name in ONLY_IN:
+            assert rel.startswith(ONLY_IN[name]), f"{rel} imports {name}: only {ONLY_IN[name]} may"
+    if rel.startswith("enginecore/kernels/"):
+        extra = imports(path) - KERNELS_MAY_IMPORT - {"__future__"}
+        assert not extra, f"{rel} imports {extra}"
+
+
+def test_no_file_over_300_lines() -> None:
+    long = [
+        f"{p.relative_to(ROOT)}: {n}"
+        for p in SOURCES
+        if (n := len(p.read_text().splitlines())) > 300
+    ]
+    assert not long
