@@ -1,0 +1,225 @@
+"""Engine-level benchmark: drive a real core process over the wire protocol (no HTTP).
+
+Prints, on the bundled model:
+  1. aggregate output tokens/s at 1, 4, 16 and 64 concurrent requests (128 tokens each,
+     greedy, EOS ignored), beside the numpy BLAS time of the same steps' fp32 matmuls;
+  2. time to first token of a request sharing a 1,000-token prefix with an earlier one,
+     prefix cache on and off;
+  3. single-stream tokens/s on an input-repeating task, prompt lookup on and off.
+
+    python -m bench.engine [--levels 1,4,16,64] [--out bench/out/engine.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from frontend.chat_template import ChatTemplate
+from frontend.tokenizer import Tokenizer
+from shared.config import BUNDLED_MODEL
+from shared.model_card import read_card
+from shared.protocol import (
+    GetStats,
+    Hello,
+    Rejected,
+    SamplingParams,
+    Stats,
+    Step,
+    Submit,
+    Welcome,
+    encoder,
+    frontend_decoder,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+PARAGRAPH = (
+    "The old lighthouse stood at the edge of the cliff, its white paint peeling after decades of salt "
+    "and wind. Every night for ninety years its lamp had turned, warning ships away from the rocks "
+    "below. When the keeper finally retired, the town voted to keep the light burning, and volunteers "
+    "took turns climbing the one hundred and twelve steps to clean the great glass lens."
+)
+
+
+class Core:
+    """A core process on an ipc socket, and one DEALER client speaking the protocol."""
+
+    def __init__(self, **overrides: object) -> None:
+        self.dir = tempfile.mkdtemp(prefix="tl-bench-")
+        address = f"ipc://{self.dir}/core.sock"
+        env = dict(os.environ, TL_ENGINE__CORE_ADDRESS=address, TL_ENGINE__LOG_LEVEL="warning")
+        env.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".cache" / "numba"))
+        for k, v in overrides.items():
+            env[f"TL_ENGINE__{k.upper()}"] = json.dumps(v) if not isinstance(v, str) else v
+        self.proc = subprocess.Popen([sys.executable, "-m", "enginecore"], env=env, cwd=ROOT)
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.connect(address)
+        self.enc, self.dec = encoder(), frontend_decoder()
+        self.sock.send(self.enc.encode(Hello("bench")))
+        if not self.sock.poll(300_000):
+            raise RuntimeError("core did not answer Hello")
+        welcome = self.dec.decode(self.sock.recv())
+        assert isinstance(welcome, Welcome)
+        self.welcome = welcome
+
+    def run(self, prompts: list[list[int]], params: SamplingParams) -> dict[str, list[float]]:
+        """Submit all at once; per request: time to first token, finish time, tokens."""
+        t0 = time.perf_counter()
+        rids = [uuid.uuid4().hex for _ in prompts]
+        for rid, p in zip(rids, prompts, strict=True):
+            self.sock.send(self.enc.encode(Submit(rid, p, params)))
+        first: dict[str, float] = {}
+        done: dict[str, float] = {}
+        count = dict.fromkeys(rids, 0)
+        while len(done) < len(rids):
+            if not self.sock.poll(600_000):
+                raise RuntimeError("core stopped answering")
+            msg = self.dec.decode(self.sock.recv())
+            now = time.perf_counter() - t0
+            if isinstance(msg, Rejected):
+                raise RuntimeError(f"rejected: {msg}")
+            if not isinstance(msg, Step):
+                continue
+            for ev in msg.events:
+                if ev.token_ids and ev.rid not in first:
+                    first[ev.rid] = now
+                count[ev.rid] += len(ev.token_ids)
+                if ev.finish is not None:
+                    done[ev.rid] = now
+        return {
+            "ttft": [first[r] for r in rids],
+            "done": [done[r] for r in rids],
+            "tokens": [float(count[r]) for r in rids],
+        }
+
+    def stats(self) -> Stats:
+        self.sock.send(self.enc.encode(GetStats()))
+        while True:
+            msg = self.dec.decode(self.sock.recv())
+            if isinstance(msg, Stats):
+                return msg
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def blas_step_seconds(batch: int, repeats: int = 5) -> float:
+    """numpy fp32 time of one decode step's matmuls (every layer matrix + lm_head) at `batch` rows."""
+    d, ffn, q, kv, vocab, layers = 576, 1536, 576, 192, 49152, 30
+    rng = np.random.default_rng(0)
+    mats = [
+        rng.standard_normal(s, dtype=np.float32)
+        for s in [(q + 2 * kv, d), (d, q), (2 * ffn, d), (d, ffn)]
+    ]
+    head = rng.standard_normal((vocab, d), dtype=np.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _layer in range(layers):
+            for w in mats:
+                x = np.ones((batch, w.shape[1]), np.float32)
+                x @ w.T
+        np.ones((batch, d), np.float32) @ head.T
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def random_prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(100, 40000, length).tolist() for _ in range(n)]
+
+
+def throughput(levels: list[int], out_tokens: int) -> list[dict[str, float]]:
+    core = Core()
+    params = SamplingParams(max_tokens=out_tokens, temperature=0.0, ignore_eos=True)
+    core.run(random_prompts(2, 32, 99), params)  # warm
+    rows = []
+    for c in levels:
+        t0 = time.perf_counter()
+        r = core.run(random_prompts(c, 32, c), params)
+        wall = time.perf_counter() - t0
+        tok_s = sum(r["tokens"]) / wall
+        blas = blas_step_seconds(c)
+        rows.append({"concurrency": c, "tokens_per_s": tok_s, "ttft_p50_s": statistics.median(r["ttft"]),
+                     "blas_matmul_tokens_per_s": c / blas, "ratio_to_blas": tok_s / (c / blas)})  # fmt: skip
+        print(f"  {c:3d} concurrent: {tok_s:7.1f} tok/s   TTFT p50 {rows[-1]['ttft_p50_s'] * 1000:7.0f} ms   "
+              f"numpy BLAS matmuls alone {c / blas:7.1f} tok/s   ratio {rows[-1]['ratio_to_blas']:.2f}")  # fmt: skip
+    core.close()
+    return rows
+
+
+def prefix_ttft(prefix_cache: str, repeats: int = 5) -> float:
+    core = Core(prefix_cache=prefix_cache)
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    prefix = random_prompts(1, 1000, 7)[0]
+    core.run([prefix + [11, 12, 13]], params)  # the earlier request
+    ttfts = [core.run([prefix + [20 + i, 21, 22]], params)["ttft"][0] for i in range(repeats)]
+    core.close()
+    return statistics.median(ttfts)
+
+
+def repeat_task_tokens_per_s(
+    speculative: str, tok: Tokenizer, template: ChatTemplate
+) -> tuple[float, int]:
+    core = Core(speculative=speculative)
+    text = template.render(
+        [{"role": "user", "content": f"Repeat this paragraph exactly:\n\n{PARAGRAPH}"}],
+        add_generation_prompt=True,
+    )
+    prompt = tok.encode(text)
+    params = SamplingParams(max_tokens=128, temperature=0.0)
+    core.run([prompt], SamplingParams(max_tokens=4, temperature=0.0))  # warm
+    r = core.run([prompt], params)
+    accepted = core.stats().spec_accepted_total
+    core.close()
+    return r["tokens"][0] / (r["done"][0] - r["ttft"][0]), accepted
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--levels", default="1,4,16,64")
+    parser.add_argument("--out-tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "engine.json")
+    args = parser.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    print(f"engine core over the protocol, {args.out_tokens} output tokens per request, greedy")
+    result: dict[str, object] = {"throughput": throughput(levels, args.out_tokens)}
+    on, off = prefix_ttft("radix"), prefix_ttft("none")
+    print(
+        f"  TTFT with a shared 1,000-token prefix: cache on {on * 1000:.0f} ms, off {off * 1000:.0f} ms, {off / on:.1f}x"
+    )
+    result["prefix_ttft_s"] = {"radix": on, "none": off}
+    card = read_card(Path(BUNDLED_MODEL).expanduser())
+    tok, template = (
+        Tokenizer(card),
+        ChatTemplate(card.chat_template or "", card.bos_token, card.eos_token),
+    )
+    spec_on, accepted = repeat_task_tokens_per_s("prompt_lookup", tok, template)
+    spec_off, _ = repeat_task_tokens_per_s("none", tok, template)
+    print(f"  repeat-the-paragraph task, 1 stream: prompt lookup {spec_on:.1f} tok/s, off {spec_off:.1f} tok/s, "
+          f"{spec_on / spec_off:.2f}x ({accepted} drafts accepted)")  # fmt: skip
+    result["prompt_lookup_tokens_per_s"] = {"on": spec_on, "off": spec_off, "accepted": accepted}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
