@@ -1,0 +1,46 @@
+"""Admission at the frontend's door: counts requests in flight, and refuses them while draining.
+
+The admission queue itself is in the core (global across frontends); this is the drain gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from shared.errors import ErrorCode, ServingError
+
+
+class Admission:
+    """In-flight API requests; after drain() every new one gets 503 shutting_down."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextmanager
+    def admit(self) -> Iterator[None]:
+        if self.draining:
+            raise ServingError(ErrorCode.SHUTTING_DOWN, "The server is shutting down.")
+        self.in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
+
+    def drain(self) -> None:
+        self.draining = True
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """True once nothing is in flight; False if `timeout` seconds pass first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True

@@ -1,0 +1,294 @@
+"""CoreClient: the frontend's DEALER socket to the engine core, and the demultiplexer of replies."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from frontend.request_stream import RequestStream, rejection_error, unavailable
+from shared import protocol
+from shared.errors import ErrorCode, ServingError
+from shared.protocol import (
+    Abort,
+    Bye,
+    Embed,
+    Embedded,
+    FinishReason,
+    GetStats,
+    Heartbeat,
+    Hello,
+    Rejected,
+    SamplingParams,
+    Shutdown,
+    ShutdownCore,
+    Stats,
+    Step,
+    Submit,
+    ToCore,
+    TokenEvent,
+    Welcome,
+)
+
+log = logging.getLogger(__name__)
+
+
+class CoreClient:
+    """Requests out over one DEALER; Welcome, Step, Rejected, Embedded and Stats routed back.
+
+    The core never answers a Heartbeat, so silence is probed with GetStats, which it always
+    answers. A core silent for `silence_s`, or one that says Shutdown, is lost: every open
+    request fails with 503 engine_unavailable and the socket is replaced by a new one (a new
+    identity, so nothing queued for the dead core reaches its successor) that says Hello.
+    """
+
+    def __init__(self, address: str, *, heartbeat_s: float = 1.0, silence_s: float = 10.0) -> None:
+        self.address = address
+        self._heartbeat_s = heartbeat_s
+        self._silence_s = silence_s
+        self._context = zmq.asyncio.Context()
+        self._encoder = protocol.encoder()
+        self._decoder = protocol.frontend_decoder()
+        self._connections = itertools.count()
+        self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
+        self._streams: dict[str, RequestStream] = {}
+        self._embeds: dict[str, asyncio.Future[Embedded]] = {}
+        self._stats: list[asyncio.Future[Stats]] = []
+        self._welcome: Welcome | None = None
+        self._welcomed = asyncio.Event()
+        self._lost = asyncio.Event()
+        self._last_heard = 0.0
+        self._closing = False
+        self._core_stopping = False  # ShutdownCore sent: its Shutdown is no surprise
+        self._linger_ms = 0
+        self._task: asyncio.Task[None] | None = None
+        self.identity = ""
+        self.last_welcome: Welcome | None = None  # kept after a loss: which core pid handshook
+
+    @property
+    def ready(self) -> bool:
+        return self._welcome is not None and not self._closing
+
+    def require_welcome(self) -> Welcome:
+        """The current core's model card; 503 engine_unavailable if there is no core."""
+        if self._welcome is None or self._closing:
+            raise ServingError(ErrorCode.ENGINE_UNAVAILABLE, "The engine core is not ready.")
+        return self._welcome
+
+    async def start(self) -> None:
+        assert self._task is None
+        self._task = asyncio.create_task(self._run(), name="core-client")
+
+    async def wait_ready(self, timeout: float | None = None) -> Welcome:
+        while True:
+            await asyncio.wait_for(self._welcomed.wait(), timeout)
+            if self._welcome is not None:
+                return self._welcome
+
+    def submit(
+        self, rid: str, prompt_ids: list[int], params: SamplingParams, priority: int = 0
+    ) -> RequestStream:
+        self.require_welcome()
+        assert rid not in self._streams, rid
+        stream = RequestStream(rid)
+        self._streams[rid] = stream
+        self._send(Submit(rid, prompt_ids, params, priority))
+        return stream
+
+    def release(self, stream: RequestStream) -> None:
+        """The handler is done with `stream`: abort it in the core if it is still running."""
+        if not stream.closed:
+            stream.closed = True
+            self._streams.pop(stream.rid, None)
+            # synchronous: this runs in `finally` of a cancelled handler, and must not be lost
+            self._send(Abort([stream.rid]))
+
+    async def embed(self, rid: str, inputs: list[list[int]]) -> Embedded:
+        self.require_welcome()
+        future: asyncio.Future[Embedded] = asyncio.get_running_loop().create_future()
+        self._embeds[rid] = future
+        self._send(Embed(rid, inputs))
+        try:
+            return await future
+        finally:
+            if self._embeds.pop(rid, None) is not None:
+                self._send(Abort([rid]))  # the client left before the vectors came
+
+    async def stats(self, timeout: float) -> Stats | None:
+        """The core's gauges and counters now; None if there is no core or it does not answer."""
+        if not self.ready:
+            return None
+        future: asyncio.Future[Stats] = asyncio.get_running_loop().create_future()
+        self._stats.append(future)
+        self._send(GetStats())
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            return None
+        finally:
+            if future in self._stats:
+                self._stats.remove(future)
+
+    def shutdown_core(self) -> None:
+        """Ask the core to drain and exit (the frontend that spawned it only)."""
+        self._core_stopping = True
+        self._send(ShutdownCore())
+
+    def lose(self, reason: str) -> None:
+        """The core is gone: fail everything waiting on it and connect afresh."""
+        if self._welcome is not None and not self._closing:
+            level = logging.INFO if self._core_stopping else logging.WARNING
+            log.log(level, "engine core lost: %s", reason)
+        self._welcome = None
+        self._welcomed.clear()
+        for stream in self._streams.values():
+            stream.put(unavailable(reason))
+        self._streams.clear()
+        for embed in self._embeds.values():
+            if not embed.done():
+                embed.set_exception(unavailable(reason))
+        for stats in self._stats:
+            if not stats.done():
+                stats.set_exception(unavailable(reason))
+        self._embeds.clear()
+        self._stats.clear()
+        self._lost.set()
+
+    async def close(self) -> None:
+        """Say Bye, stop the tasks and close the socket."""
+        self._closing = True
+        if self._task is not None:
+            if self._welcome is not None:
+                self._send(Bye())
+                try:
+                    await asyncio.wait_for(self._outbox.join(), 1.0)
+                except TimeoutError:
+                    log.warning("engine core did not take Bye")
+                self._linger_ms = 500  # Bye is in the socket: let it leave
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        self.lose("the frontend is closing")
+        self._context.term()
+
+    # ---- the connection ------------------------------------------------------------------
+
+    def _send(self, message: ToCore) -> None:
+        self._outbox.put_nowait(self._encoder.encode(message))
+
+    async def _run(self) -> None:
+        """One connection after another: each lives until the core is lost."""
+        while True:
+            socket = self._context.socket(zmq.DEALER)
+            self.identity = f"fe-{os.getpid()}-{next(self._connections)}"
+            socket.setsockopt(zmq.IDENTITY, self.identity.encode())
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.connect(self.address)
+            self._outbox = asyncio.Queue()  # what was meant for the lost core is dropped
+            self._lost.clear()
+            self._send(Hello(self.identity))
+            io = [
+                asyncio.create_task(self._read(socket), name="core-client-read"),
+                asyncio.create_task(self._write(socket), name="core-client-write"),
+            ]
+            try:
+                await self._watch()
+            finally:
+                for task in io:
+                    task.cancel()
+                await asyncio.gather(*io, return_exceptions=True)
+                socket.close(linger=self._linger_ms)
+            if self._core_stopping:
+                await asyncio.Event().wait()  # it was told to go: nobody to reconnect to
+
+    async def _watch(self) -> None:
+        """Heartbeat every tick; probe a quiet core with GetStats; give up on a silent one."""
+        loop = asyncio.get_running_loop()
+        while not self._lost.is_set():
+            try:
+                await asyncio.wait_for(self._lost.wait(), self._heartbeat_s)
+                return
+            except TimeoutError:
+                pass
+            self._send(Heartbeat())
+            if self._welcome is None:
+                continue  # a starting core may compile for minutes before it answers Hello
+            quiet = loop.time() - self._last_heard
+            if quiet > self._silence_s:
+                self.lose(f"no message for {quiet:.1f} s")
+            elif quiet > self._heartbeat_s:
+                self._send(GetStats())
+
+    async def _write(self, socket: zmq.asyncio.Socket) -> None:
+        outbox = self._outbox
+        while True:
+            data = await outbox.get()
+            try:
+                await socket.send(data)
+            finally:
+                outbox.task_done()
+
+    async def _read(self, socket: zmq.asyncio.Socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            frames = await socket.recv_multipart()
+            self._last_heard = loop.time()
+            try:
+                message = self._decoder.decode(frames[-1])
+            except msgspec.DecodeError as e:
+                log.error("undecodable message from the engine core: %s", e)
+                continue
+            self._dispatch(message)
+
+    def _dispatch(self, message: protocol.ToFrontend) -> None:
+        match message:
+            case Welcome():
+                self._welcome = self.last_welcome = message
+                self._welcomed.set()
+                log.info(
+                    "engine core ready: model=%s max_model_len=%d pid=%d",
+                    message.model_id,
+                    message.max_model_len,
+                    message.core_pid,
+                )
+            case Step(events=events):
+                for event in events:
+                    self._route(event)
+            case Rejected(rid=rid):
+                stream = self._streams.pop(rid, None)
+                if stream is not None:
+                    stream.put(rejection_error(message))
+                future = self._embeds.pop(rid, None)
+                if future is not None and not future.done():
+                    future.set_exception(rejection_error(message))
+            case Embedded(rid=rid):
+                future = self._embeds.pop(rid, None)
+                if future is not None and not future.done():
+                    future.set_result(message)
+            case Stats():
+                for waiter in self._stats:
+                    if not waiter.done():
+                        waiter.set_result(message)
+                self._stats.clear()
+            case Shutdown(reason=reason):
+                self.lose(f"it shut down ({reason})")
+
+    def _route(self, event: TokenEvent) -> None:
+        stream = self._streams.get(event.rid)
+        if stream is None:
+            return  # aborted by us: its last tokens are of no use
+        if event.finish is not None:
+            del self._streams[event.rid]
+        if event.finish is FinishReason.ABORT:
+            stream.put(unavailable("it aborted the request"))
+        elif event.finish is FinishReason.ERROR:
+            stream.put(
+                ServingError(ErrorCode.INTERNAL_ERROR, "The engine core failed the request.")
+            )
+        else:
+            stream.put(event)

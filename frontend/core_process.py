@@ -1,0 +1,134 @@
+"""CoreProcess: the engine core as a child of the frontend that spawned it."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+
+from frontend.core_client import CoreClient
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+_MAX_RESPAWN_DELAY_S = 30.0
+
+
+def core_argv(config_path: str | None) -> list[str]:
+    """`python -m enginecore [--config PATH]` with this interpreter; same environment."""
+    argv = [sys.executable, "-m", "enginecore"]
+    return argv if config_path is None else [*argv, "--config", config_path]
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A hook run in the child before exec: the kernel kills it when the frontend dies, however."""
+    if sys.platform != "linux":
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork, only called after
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the frontend died before prctl took effect
+            os._exit(1)
+
+    return hook
+
+
+class CoreProcess:
+    """Spawns the core, respawns it after a crash, and drains it on stop; never leaves an orphan.
+
+    A core that exits before its first handshake ever means the frontend cannot serve
+    (bad model, bad config): `failed` is set, and the frontend exits non-zero.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        client: CoreClient,
+        *,
+        respawn_delay_s: float = 1.0,
+        stop_timeout_s: float = 30.0,
+    ) -> None:
+        self._argv = list(argv)
+        self._client = client
+        self._respawn_delay_s = respawn_delay_s
+        self._stop_timeout_s = stop_timeout_s
+        self._proc: asyncio.subprocess.Process | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._pre_exec = _die_with_parent()
+        self.failed = asyncio.Event()
+        self.failure = ""
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.returncode
+
+    async def start(self) -> None:
+        assert self._watcher is None
+        await self._spawn()
+        self._watcher = asyncio.create_task(self._watch(), name="core-process")
+
+    async def stop(self) -> None:
+        """Drain the core (ShutdownCore, or SIGTERM if it never answered), kill it after a timeout."""
+        self._stopping.set()
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            if self._client.ready:
+                self._client.shutdown_core()
+            else:
+                proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), self._stop_timeout_s)
+            except TimeoutError:
+                log.warning("engine core (pid %d) did not exit in time: killed", proc.pid)
+                proc.kill()
+                await proc.wait()
+            log.info("engine core (pid %d) exited with %s", proc.pid, proc.returncode)
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+            self._watcher = None
+
+    def kill(self) -> None:
+        """Last resort on an abnormal exit of the frontend."""
+        self._stopping.set()
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.kill()
+
+    async def _spawn(self) -> None:
+        self._proc = await asyncio.create_subprocess_exec(*self._argv, preexec_fn=self._pre_exec)
+        log.info("engine core spawned: pid %d: %s", self._proc.pid, " ".join(self._argv))
+
+    async def _watch(self) -> None:
+        delay = self._respawn_delay_s
+        while True:
+            proc = self._proc
+            assert proc is not None
+            code = await proc.wait()
+            if self._stopping.is_set():
+                return
+            welcome = self._client.last_welcome
+            handshook = welcome is not None and welcome.core_pid == proc.pid
+            self._client.lose(f"the engine core exited with code {code}")
+            if welcome is None:
+                self.failure = f"the engine core exited with code {code} before its handshake"
+                log.error("%s; giving up", self.failure)
+                self.failed.set()
+                return
+            # a core that crashes again before answering backs off, up to half a minute
+            delay = self._respawn_delay_s if handshook else min(2 * delay, _MAX_RESPAWN_DELAY_S)
+            log.error("engine core (pid %d) exited with code %d; respawning", proc.pid, code)
+            await asyncio.sleep(delay)
+            if self._stopping.is_set():
+                return
+            await self._spawn()

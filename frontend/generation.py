@@ -1,0 +1,69 @@
+"""Generation: one request's generated tokens turned into text that is safe to send."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from frontend.detokenizer import Detokenizer
+from frontend.stops import StopMatcher
+from shared.protocol import FinishReason, TokenEvent, TokenLogprob
+
+
+class Piece(NamedTuple):
+    """What one TokenEvent releases: text, the logprobs of the tokens behind it, the finish."""
+
+    text: str
+    logprobs: list[TokenLogprob]
+    finish_reason: str | None  # set on the last piece only
+
+
+class Generation:
+    """Detokenize, hold back what could start a stop string, cut at one, count every token."""
+
+    __slots__ = (
+        "_detokenizer",
+        "_held_logprobs",
+        "_stops",
+        "finish_reason",
+        "num_cached_tokens",
+        "num_tokens",
+        "stopped_by_string",
+    )
+
+    def __init__(
+        self, decode: Callable[[list[int]], str], prompt_ids: Sequence[int], stops: list[str]
+    ) -> None:
+        self._detokenizer = Detokenizer(decode, prompt_ids)
+        self._stops = StopMatcher(stops)
+        self._held_logprobs: list[TokenLogprob] = []
+        self.num_tokens = 0  # every generated token, EOS included
+        self.num_cached_tokens = 0
+        self.finish_reason: str | None = None
+        self.stopped_by_string = False  # the core does not know: it must be told to abort
+
+    def push(self, event: TokenEvent) -> Piece:
+        assert self.finish_reason is None, "push after the finish"
+        if self.num_tokens == 0:
+            self.num_cached_tokens = event.num_cached_tokens
+        self.num_tokens += len(event.token_ids)
+        self._held_logprobs += event.logprobs or ()
+        text = self._detokenizer.push(event.token_ids)
+        if event.finish is not None:
+            text += self._detokenizer.flush()
+        out = self._stops.push(text)
+        if self._stops.stopped:
+            self.finish_reason = FinishReason.STOP.value
+            self.stopped_by_string = event.finish is None
+        elif event.finish is not None:
+            out += self._stops.finish()
+            # only stop and length reach here: the core client turns abort and error into errors
+            self.finish_reason = (
+                FinishReason.LENGTH.value
+                if event.finish is FinishReason.LENGTH
+                else FinishReason.STOP.value
+            )
+        if not out and self.finish_reason is None:
+            return Piece("", [], None)  # held back: its logprobs ride with the text they make
+        logprobs, self._held_logprobs = self._held_logprobs, []
+        return Piece(out, logprobs, self.finish_reason)

@@ -1,0 +1,131 @@
+"""Prometheus metrics: the core's gauges and counters (fetched per scrape) and the frontend's own."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from shared.protocol import Stats
+
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_TOKEN_BUCKETS: Final = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+_E2E_BUCKETS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+
+
+class _CoreCollector(Collector):
+    """The core's Stats as of this scrape; nothing when the core did not answer."""
+
+    def __init__(self) -> None:
+        self.stats: Stats | None = None
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # the families exist only while a core answers
+
+    def collect(self) -> Iterable[Metric]:
+        s = self.stats
+        if s is None:
+            return
+        blocks = GaugeMetricFamily(
+            "tl_engine_kv_blocks", "KV cache blocks by state", labels=["state"]
+        )
+        blocks.add_metric(["used"], s.kv_blocks_used)
+        blocks.add_metric(["free"], s.kv_blocks_free)
+        blocks.add_metric(["cached"], s.kv_blocks_cached)
+        yield blocks
+        gauges = (
+            ("tl_engine_queue_depth", "Admitted requests waiting to run", s.queue_depth),
+            ("tl_engine_active_sequences", "Sequences running", s.active_sequences),
+            ("tl_engine_batch_tokens", "Tokens in the last step's batch", s.batch_tokens),
+        )
+        for name, doc, value in gauges:
+            yield GaugeMetricFamily(name, doc, value=value)
+        ratio = s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0
+        yield GaugeMetricFamily(
+            "tl_engine_prefix_cache_hit_ratio", "Prompt tokens found in the prefix cache", ratio
+        )
+        counters = (
+            ("tl_engine_preemptions", "Sequences preempted", s.preemptions_total),
+            (
+                "tl_engine_kv_evictions",
+                "KV blocks evicted from the prefix cache",
+                s.kv_evictions_total,
+            ),
+            ("tl_engine_spec_proposed_tokens", "Draft tokens proposed", s.spec_proposed_total),
+            ("tl_engine_spec_accepted_tokens", "Draft tokens accepted", s.spec_accepted_total),
+        )
+        for name, doc, value in counters:
+            yield CounterMetricFamily(name, doc, value=value)
+
+
+class Metrics:
+    """One registry per frontend (never the global one), rendered as Prometheus text."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.time_to_first_token = Histogram(
+            "tl_frontend_time_to_first_token_seconds",
+            "From request arrival to its first generated token",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.time_per_output_token = Histogram(
+            "tl_frontend_time_per_output_token_seconds",
+            "Mean time between generated tokens, per request",
+            buckets=_TOKEN_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e_request_latency = Histogram(
+            "tl_frontend_e2e_request_latency_seconds",
+            "From request arrival to its last token",
+            buckets=_E2E_BUCKETS,
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "tl_frontend_requests",
+            "HTTP requests answered, by route and status",
+            ["endpoint", "status"],
+            registry=self.registry,
+        )
+        self._core = _CoreCollector()
+        self.registry.register(self._core)
+
+    def count_request(self, endpoint: str, status: int) -> None:
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+    def render(self, stats: Stats | None) -> bytes:
+        """The exposition text; core metrics only if `stats` came from a live core."""
+        self._core.stats = stats
+        try:
+            return generate_latest(self.registry)
+        finally:
+            self._core.stats = None
+
+
+class RequestTimer:
+    """Times one generation request into the latency histograms."""
+
+    __slots__ = ("_arrival", "_first", "_metrics", "_tokens")
+
+    def __init__(self, metrics: Metrics, arrival: float) -> None:
+        self._metrics = metrics
+        self._arrival = arrival  # time.monotonic()
+        self._first: float | None = None
+        self._tokens = 0
+
+    def tokens(self, count: int) -> None:
+        if self._first is None and count:
+            self._first = time.monotonic()
+            self._metrics.time_to_first_token.observe(self._first - self._arrival)
+        self._tokens += count
+
+    def finish(self) -> None:
+        end = time.monotonic()
+        self._metrics.e2e_request_latency.observe(end - self._arrival)
+        if self._first is not None and self._tokens > 1:
+            self._metrics.time_per_output_token.observe((end - self._first) / (self._tokens - 1))

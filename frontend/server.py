@@ -1,0 +1,118 @@
+"""Server: one frontend's listeners and core, started and drained in the order DESIGN §1 gives."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from frontend.admission import Admission
+from frontend.app import Services, make_api_app, make_health_app
+from frontend.core_client import CoreClient
+from frontend.core_process import CoreProcess, core_argv
+from frontend.metrics import Metrics
+from frontend.routes_generate import PING_INTERVAL_S
+from frontend.served_model import ServedModel
+from shared.config import EngineConfig, parse_listen
+
+log = logging.getLogger(__name__)
+
+# after the drain window, handlers still running are cancelled (and their requests aborted)
+_HANDLER_GRACE_S = 1.0
+
+
+class Server:
+    """The health listener, the API listener, the core connection and (maybe) the core itself."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        config_path: str | None = None,
+        *,
+        argv: Sequence[str] | None = None,
+        ping_interval_s: float = PING_INTERVAL_S,
+        core_stop_timeout_s: float = 30.0,
+    ) -> None:
+        model = ServedModel.load(config.model_path, config.served_model_id)
+        core = CoreClient(config.resolved_core_address, silence_s=config.client_timeout_s)
+        process = None
+        if config.spawn_core:
+            command = core_argv(config_path) if argv is None else argv
+            process = CoreProcess(command, core, stop_timeout_s=core_stop_timeout_s)
+        self.services = Services(config, model, core, Admission(), Metrics(), process)
+        # handler_cancellation: a client that leaves cancels its handler, whose finally aborts
+        self._health = web.AppRunner(
+            make_health_app(self.services),
+            handler_cancellation=True,
+            shutdown_timeout=_HANDLER_GRACE_S,
+        )
+        self._api = web.AppRunner(
+            make_api_app(self.services, ping_interval_s=ping_interval_s),
+            handler_cancellation=True,
+            shutdown_timeout=_HANDLER_GRACE_S,
+        )
+        self._api_site: web.TCPSite | None = None
+        self.api_port = 0
+        self.health_port = 0
+        self._stopped = False
+
+    async def start(self) -> None:
+        """Health first (so probes answer while the core starts), then the API and the core."""
+        config = self.services.config
+        await self._health.setup()
+        host, port = parse_listen(config.health_listen)
+        await web.TCPSite(self._health, host, port).start()
+        self.health_port = self._health.addresses[0][1]
+        await self._api.setup()  # cleanup_ctx: connect to the core, spawn it if ours
+        host, port = parse_listen(config.http_listen)
+        self._api_site = web.TCPSite(self._api, host, port)
+        await self._api_site.start()
+        self.api_port = self._api.addresses[0][1]
+        log.info(
+            "serving %s: api port %d, health port %d, core %s",
+            self.services.model.model_id,
+            self.api_port,
+            self.health_port,
+            self.services.core.address,
+        )
+
+    async def wait_failed(self) -> str:
+        """Returns (why) only if the spawned core could never start."""
+        process = self.services.process
+        if process is None:
+            await asyncio.Event().wait()  # an attached core is waited for, never given up on
+        else:
+            await process.failed.wait()
+        return "" if process is None else process.failure
+
+    async def drain(self) -> None:
+        """/readyz 503 and new requests 503 at once; the listener closes; in-flight finish."""
+        if self._stopped:
+            return
+        self._stopped = True
+        config, admission = self.services.config, self.services.admission
+        admission.drain()
+        if self._api_site is not None:
+            await self._api_site.stop()  # new connections are refused from here on
+            self._api_site = None
+        log.info("draining: %d requests in flight", admission.in_flight)
+        if not await admission.wait_idle(config.drain_timeout_s):
+            log.warning("drain timeout: cutting %d requests", admission.in_flight)
+        await self._api.cleanup()  # cleanup_ctx: ShutdownCore to our core, then Bye
+        await self._health.cleanup()  # /healthz answers until here
+        log.info("drained")
+
+    async def close(self) -> None:
+        """Stop now (the core could not start): no drain."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.kill_core()
+        await self._api.cleanup()
+        await self._health.cleanup()
+
+    def kill_core(self) -> None:
+        if self.services.process is not None:
+            self.services.process.kill()
