@@ -7,12 +7,16 @@ that will be sampled reach the lm_head.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 
-from enginecore.kernels import attention, ops
-from enginecore.weights import F32, I32, Weights
+from enginecore.kernels import attention, ops, threads
+from enginecore.weights import F32, I32, QUANT_KERNEL_MAX_ROWS, Weights
+
+# A sequence's run of at least this many rows in a BLAS-mode batch attends by BLAS GEMMs.
+BLAS_ATTENTION_MIN_ROWS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +75,33 @@ def forward(
     return_hidden: bool = False,
 ) -> F32:
     """Logits (r, vocab), or the final-normed hidden states (r, d) when return_hidden."""
-    n, d = token_ids.shape[0], cfg.hidden_size
+    n = token_ids.shape[0]
+    # Few rows: every matmul streams quantized bytes in a 2-thread numba kernel. Many rows:
+    # matmuls are 2-thread BLAS and every numba kernel runs on one thread, because a numba
+    # parallel region next to a BLAS call fights BLAS's spinning worker (bench/README.md).
+    blas = n > QUANT_KERNEL_MAX_ROWS
+    with threads.limited(1) if blas else nullcontext():
+        return _forward(
+            cfg, w, cache, rope, token_ids, positions, seq_of_token, block_tables,
+            slot_mapping, sample_rows, return_hidden, blas,
+        )  # fmt: skip
+
+
+def _forward(
+    cfg: ModelConfig,
+    w: Weights,
+    cache: KVCache,
+    rope: tuple[F32, F32],
+    token_ids: I32,
+    positions: I32,
+    seq_of_token: I32,
+    block_tables: I32,
+    slot_mapping: I32,
+    sample_rows: I32,
+    return_hidden: bool,
+    blas: bool,
+) -> F32:
+    n, d, eps = token_ids.shape[0], cfg.hidden_size, cfg.rms_eps
     cos, sin = rope
     x = np.empty((n, d), np.float32)  # residual stream
     h = np.empty((n, d), np.float32)  # normed input of a sublayer
@@ -80,34 +110,31 @@ def forward(
     proj = np.empty((n, d), np.float32)
     gate_up = np.empty((n, 2 * cfg.intermediate_size), np.float32)
     act = np.empty((n, cfg.intermediate_size), np.float32)
+    plan = attention.plan(seq_of_token, BLAS_ATTENTION_MIN_ROWS if blas else None)
 
     w.embed.gather(token_ids, x)
+    ops.rmsnorm(x, w.layers[0].attn_norm, eps, h)
     for layer, lw in enumerate(w.layers):
-        ops.rmsnorm(x, lw.attn_norm, cfg.rms_eps, h)
         lw.wqkv.matmul(h, qkv)  # [q | k | v]
         ops.rope(qkv, positions, cos, sin, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
         attention.store_kv(qkv, slot_mapping, cfg.q_dim, cfg.kv_dim, cache.k[layer], cache.v[layer])
-        attention.paged_attention(
-            qkv,
-            seq_of_token,
-            positions,
-            block_tables,
-            cache.k[layer],
-            cache.v[layer],
-            cfg.num_heads,
-            att,
-        )
+        attention.attend(
+            qkv, plan, seq_of_token, positions, block_tables,
+            cache.k[layer], cache.v[layer], cfg.num_heads, att,
+        )  # fmt: skip
         lw.wo.matmul(att, proj)
-        ops.add_inplace(x, proj)
-        ops.rmsnorm(x, lw.ffn_norm, cfg.rms_eps, h)
+        ops.add_rmsnorm(x, proj, lw.ffn_norm, eps, h)  # x += proj; h = norm(x)
         lw.w_gate_up.matmul(h, gate_up)
         ops.silu_mul(gate_up, act)
         lw.w_down.matmul(act, proj)
-        ops.add_inplace(x, proj)
+        if layer + 1 < len(w.layers):
+            ops.add_rmsnorm(x, proj, w.layers[layer + 1].attn_norm, eps, h)
+        else:
+            ops.add_inplace(x, proj)
 
     rows = np.ascontiguousarray(x[sample_rows])
     out = np.empty_like(rows)
-    ops.rmsnorm(rows, w.final_norm, cfg.rms_eps, out)
+    ops.rmsnorm(rows, w.final_norm, eps, out)
     if return_hidden:
         return out
     logits = np.empty((rows.shape[0], cfg.vocab_size), np.float32)

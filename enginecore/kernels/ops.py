@@ -1,13 +1,49 @@
-"""Elementwise and per-row operations of the llama block, over preallocated fp32 arrays."""
+"""Elementwise and per-row operations of the llama block, over preallocated fp32 arrays.
+
+They are single-threaded on purpose: a decode step's rows are too small to pay for waking a
+second thread, and a big batch's rows sit between 2-thread BLAS calls, whose spinning worker
+makes any numba parallel region beside them several times slower (see bench/README.md).
+"""
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir  # type: ignore[import-untyped]
+from numba import njit, types
+from numba.extending import intrinsic
 
 
-@njit(parallel=True, cache=True, nogil=True, fastmath=True)
+@intrinsic
+def _f32_from_bits(typingctx, bits):
+    """Reinterpret an int32 as float32 (an LLVM bitcast, which vectorizes)."""
+    if bits != types.int32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+@njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
+def fast_exp(x):
+    """float32 exp within ~2 ulp (Cephes expf); unlike libm's it vectorizes. Clamped to +-87."""
+    x = min(max(x, np.float32(-87.0)), np.float32(87.0))
+    k = np.floor(x * np.float32(1.442695041) + np.float32(0.5))
+    r = x - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    p = p * r * r + r + np.float32(1.0)
+    bits = np.int32((np.int32(k) + np.int32(127)) << np.int32(23))  # 2^k as float32 bits
+    return p * _f32_from_bits(bits)  # type: ignore[call-arg]
+
+
+@njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
 def rmsnorm(x, w, eps, out):  # x (n, d), w (d,) -> out (n, d)
     n, dim = x.shape
-    for t in prange(n):
+    for t in range(n):
         ss = np.float32(0.0)
         for i in range(dim):
             ss += x[t, i] * x[t, i]
@@ -16,12 +52,26 @@ def rmsnorm(x, w, eps, out):  # x (n, d), w (d,) -> out (n, d)
             out[t, i] = x[t, i] * scale * w[i]
 
 
-@njit(parallel=True, cache=True, nogil=True, fastmath=True)
+@njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
+def add_rmsnorm(x, y, w, eps, out):  # x (n, d) += y (n, d); out (n, d) = rmsnorm(x) * w
+    n, dim = x.shape
+    for t in range(n):
+        ss = np.float32(0.0)
+        for i in range(dim):
+            v = x[t, i] + y[t, i]
+            x[t, i] = v
+            ss += v * v
+        scale = np.float32(1.0) / np.sqrt(ss / np.float32(dim) + np.float32(eps))
+        for i in range(dim):
+            out[t, i] = x[t, i] * scale * w[i]
+
+
+@njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
 def rope(x, positions, cos, sin, n_heads, head_dim):
     # x (n, >= n_heads * head_dim) rotated in place, rotate-half (NeoX/HF) layout;
     # positions (n,) int32; cos, sin (max_pos, head_dim // 2)
     half = head_dim // 2
-    for t in prange(x.shape[0]):
+    for t in range(x.shape[0]):
         p = positions[t]
         for h in range(n_heads):
             base = h * head_dim
@@ -32,19 +82,19 @@ def rope(x, positions, cos, sin, n_heads, head_dim):
                 x[t, base + half + i] = b * cos[p, i] + a * sin[p, i]
 
 
-@njit(parallel=True, cache=True, nogil=True, fastmath=True)
+@njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
 def silu_mul(gate_up, out):  # gate_up (n, 2 * f) = [gate | up] -> out (n, f) = silu(gate) * up
     n = gate_up.shape[0]
     f = out.shape[1]
-    for t in prange(n):
+    for t in range(n):
         for i in range(f):
             g = gate_up[t, i]
-            out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[t, f + i]
+            out[t, i] = g / (np.float32(1.0) + fast_exp(-g)) * gate_up[t, f + i]
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def add_inplace(x, y):  # x (n, d) += y (n, d)
-    for t in prange(x.shape[0]):
+    for t in range(x.shape[0]):
         for i in range(x.shape[1]):
             x[t, i] += y[t, i]
 

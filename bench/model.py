@@ -1,0 +1,166 @@
+"""Forward-pass throughput on the real model, each figure beside numpy BLAS on the same matmuls.
+
+`python -m bench.model [--model PATH] [--repeat N]`. The machine is shared: every case is run
+`repeat` times and the best and median are printed; compare only figures from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from enginecore.batch import Batch, SeqChunk
+from enginecore.model_runner import ModelRunner
+from shared.config import BUNDLED_MODEL
+
+BLOCK = 16
+
+
+def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
+    """(best, median) seconds of `repeat` calls, after BLAS's idle worker stopped spinning."""
+    time.sleep(0.5)
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return min(ts), statistics.median(ts)
+
+
+def blas_same_matmuls(runner: ModelRunner, rows: int, sampled: int) -> Callable[[], None]:
+    """x @ W.T on the dense fp32 copies: every layer matrix for `rows`, lm_head for `sampled`."""
+    w = runner.weights
+    mats = [m.dense for lw in w.layers for m in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down)]
+    rng = np.random.default_rng(0)
+    xs = {k: rng.standard_normal((rows, k), np.float32) for k in {m.shape[1] for m in mats}}
+    outs = [np.empty((rows, m.shape[0]), np.float32) for m in mats]
+    head = w.lm_head.dense
+    hx = rng.standard_normal((sampled, head.shape[1]), np.float32)
+    hout = np.empty((sampled, head.shape[0]), np.float32)
+
+    def run() -> None:
+        for m, o in zip(mats, outs, strict=True):
+            np.matmul(xs[m.shape[1]], m.T, out=o)
+        np.matmul(hx, head.T, out=hout)
+
+    return run
+
+
+def decode_batch(num_seqs: int, step: int, first_block: int) -> Batch:
+    """One decode token per sequence, contexts spread over 128..256 (~100..200 for one)."""
+    chunks = []
+    for s in range(num_seqs):
+        ctx = (150 if num_seqs == 1 else 128 + (s * 37) % 128) + step
+        table = list(range(first_block + s * 18, first_block + (s + 1) * 18))  # 288 slots
+        chunks.append(SeqChunk([(s * 7 + step) % 1000 + 10], ctx, table, 1))
+    return Batch.build(chunks, BLOCK)
+
+
+def prefill_calls(runner: ModelRunner, chunk: int) -> Callable[[], None]:
+    ids = [(i * 13) % 40000 + 100 for i in range(512)]
+    table = list(range(32))
+    batches = [
+        Batch.build([SeqChunk(ids[a : a + chunk], a, table, int(a + chunk >= 512))], BLOCK)
+        for a in range(0, 512, chunk)
+    ]
+
+    def run() -> None:
+        for b in batches:
+            runner.run(b)
+
+    return run
+
+
+def report(name: str, tokens: int, ours: tuple[float, float], blas: tuple[float, float]) -> None:
+    print(
+        f"{name:<28} {tokens / ours[0]:8.1f} tok/s (best {ours[0] * 1e3:7.1f} ms, "
+        f"median {ours[1] * 1e3:7.1f})   BLAS same matmuls {blas[0] * 1e3:7.1f} ms   "
+        f"ratio {ours[0] / blas[0]:5.2f}"
+    )
+
+
+def after_prefill(runner: ModelRunner, repeat: int) -> None:
+    """A batch-1 decode step right after a BLAS-mode step (BLAS's worker still spinning)."""
+    prefill = prefill_calls(runner, 512)
+    batch = decode_batch(1, 0, 64)
+    ts = []
+    for _ in range(repeat):
+        prefill()
+        t = time.perf_counter()
+        runner.run(batch)
+        ts.append(time.perf_counter() - t)
+    best, median = min(ts), statistics.median(ts)
+    print(
+        f"{'decode B=1 after a prefill':<28} {1 / best:8.1f} tok/s (best {best * 1e3:7.1f} ms, "
+        f"median {median * 1e3:7.1f})"
+    )
+
+
+def llama_cpp_figures(path: Path, repeat: int) -> None:
+    try:
+        import llama_cpp  # type: ignore[import-not-found]
+    except ImportError:
+        print(
+            "llama.cpp: not installed. `.venv/bin/pip install llama-cpp-python` builds llama.cpp "
+            "from source (~10+ min on 2 cores), then rerun for its decode and prompt-eval tok/s."
+        )
+        return
+    llm = llama_cpp.Llama(str(path), n_ctx=1024, n_threads=2, n_batch=512, verbose=False)
+    prompt = [(i * 13) % 40000 + 100 for i in range(512)]
+
+    def prompt_eval() -> None:
+        llm.reset()
+        llm.eval(prompt)
+
+    pe = timed(prompt_eval, repeat)
+    llm.reset()
+    llm.eval(prompt[:150])
+
+    def decode64() -> None:
+        for i in range(64):
+            llm.eval([prompt[i]])
+
+    dec = timed(decode64, max(1, repeat // 2))
+    print(f"llama.cpp prompt eval 512     {512 / pe[0]:8.1f} tok/s (best {pe[0] * 1e3:.1f} ms)")
+    print(f"llama.cpp decode B=1          {64 / dec[0]:8.1f} tok/s (64 tokens from ctx 150)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default=BUNDLED_MODEL)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    path = Path(args.model).expanduser()
+    runner = ModelRunner.from_path(path, BLOCK, 64 * 18 + 64, 0, 2048)
+    runner.warmup()
+    rng = np.random.default_rng(0)
+    for cache in (runner.cache.k, runner.cache.v):  # plausible contexts without a long prefill
+        cache[...] = rng.standard_normal(cache.shape[1:], np.float32)[None] * 0.5
+    print(f"{path.name}: {runner.cfg.num_layers} layers; best and median of {args.repeat}")
+    for chunk in (512, 256):
+        run = prefill_calls(runner, chunk)
+        run()
+        report(
+            f"prefill 512 as {512 // chunk} x {chunk}",
+            512,
+            timed(run, args.repeat),
+            timed(blas_same_matmuls(runner, 512, 1), args.repeat),
+        )
+    for num_seqs in (1, 8, 32, 64):
+        batches = [decode_batch(num_seqs, step, 64) for step in range(args.repeat)]
+        runner.run(batches[0])
+        it = iter(batches * 2)
+        ours = timed(lambda it=it: runner.run(next(it)), args.repeat)  # type: ignore[misc]
+        blas = timed(blas_same_matmuls(runner, num_seqs, num_seqs), args.repeat)
+        report(f"decode B={num_seqs}", num_seqs, ours, blas)
+    after_prefill(runner, args.repeat)
+    llama_cpp_figures(path, args.repeat)
+
+
+if __name__ == "__main__":
+    main()

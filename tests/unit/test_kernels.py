@@ -1,0 +1,198 @@
+"""Each numba kernel against plain numpy (float64) on random data, odd sizes and tails included."""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+import pytest
+from numba import njit
+
+from enginecore.kernels import attention, ops, quant, threads
+
+RNG = np.random.default_rng(1234)
+
+
+def randn(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+@njit(fastmath=True, error_model="numpy")
+def _exp_all(x, out):
+    for i in range(x.shape[0]):
+        out[i] = ops.fast_exp(x[i])
+
+
+def test_fast_exp_is_within_a_few_ulp_of_exp() -> None:
+    x = np.linspace(-87, 87, 200_001).astype(np.float32)
+    got = np.empty_like(x)
+    _exp_all(x, got)
+    want = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(got - want) / want) < 3e-7
+
+
+def test_rmsnorm_and_fused_add_rmsnorm() -> None:
+    x, y, w = randn(5, 37), randn(5, 37), randn(37)
+    out = np.empty_like(x)
+    ops.rmsnorm(x, w, 1e-5, out)
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt((x64**2).mean(1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    s = (x64 + y).copy()
+    ops.add_rmsnorm(x, y, w, 1e-5, out)
+    np.testing.assert_allclose(x, s, rtol=1e-6)
+    np.testing.assert_allclose(
+        out, s / np.sqrt((s**2).mean(1, keepdims=True) + 1e-5) * w, 1e-5, 1e-5
+    )
+
+
+def test_rope_rotates_each_half_pair() -> None:
+    n_heads, hd = 3, 8
+    x = randn(4, n_heads * hd + 5)  # trailing columns (v) stay untouched
+    pos = np.array([0, 3, 7, 2], np.int32)
+    ang = np.outer(np.arange(10), 1.0 / 10000 ** (np.arange(hd // 2) * 2 / hd))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    want = x.astype(np.float64).copy()
+    for t in range(4):
+        for h in range(n_heads):
+            a, b = (
+                want[t, h * hd : h * hd + hd // 2].copy(),
+                want[t, h * hd + hd // 2 : (h + 1) * hd].copy(),
+            )
+            c, s = cos[pos[t]], sin[pos[t]]
+            want[t, h * hd : h * hd + hd // 2] = a * c - b * s
+            want[t, h * hd + hd // 2 : (h + 1) * hd] = b * c + a * s
+    ops.rope(x, pos, cos, sin, n_heads, hd)
+    np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-6)
+
+
+def test_silu_mul_add_and_gather() -> None:
+    gu = randn(3, 2 * 41) * 4
+    out = np.empty((3, 41), np.float32)
+    ops.silu_mul(gu, out)
+    g = gu[:, :41].astype(np.float64)
+    np.testing.assert_allclose(out, g / (1 + np.exp(-g)) * gu[:, 41:], rtol=1e-5, atol=1e-6)
+    x, y = randn(3, 7), randn(3, 7)
+    want = x + y
+    ops.add_inplace(x, y)
+    np.testing.assert_array_equal(x, want)
+    table, ids = randn(10, 6), np.array([9, 0, 9, 4], np.int32)
+    rows = np.empty((4, 6), np.float32)
+    ops.gather_rows_f32(ids, table, rows)
+    np.testing.assert_array_equal(rows, table[ids])
+
+
+def q4_1_random(n_rows: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """qs, d, m and the dense matrix they stand for, built nibble by nibble in numpy."""
+    q = RNG.integers(0, 16, (n_rows, k // 32, 32))
+    d, m = randn(n_rows, k // 32) * 0.1, randn(n_rows, k // 32) * 0.1
+    qs = (q[:, :, :16] | (q[:, :, 16:] << 4)).astype(np.uint8).reshape(n_rows, k // 2)
+    dense = (d[:, :, None].astype(np.float64) * q + m[:, :, None]).reshape(n_rows, k)
+    return qs, d, m, dense
+
+
+@pytest.mark.parametrize(("n", "n_rows"), [(1, 7), (3, 8), (8, 5), (2, 1)])
+def test_q4_1_matmul_and_dequantize(n: int, n_rows: int) -> None:
+    qs, d, m, dense = q4_1_random(n_rows, 96)
+    x = randn(n, 96)
+    xsum = np.empty((n, 3), np.float32)
+    quant.block_sums(x, xsum)
+    out = np.empty((n, n_rows), np.float32)
+    quant.q4_1_matmul(x, xsum, qs, d, m, out)
+    np.testing.assert_allclose(out, x @ dense.T, rtol=1e-4, atol=1e-4)
+    w = np.empty((n_rows, 96), np.float32)
+    quant.dequantize_q4_1(qs, d, m, w)
+    np.testing.assert_allclose(w, dense, rtol=1e-6, atol=1e-6)
+    rows = np.empty((2, 96), np.float32)
+    quant.gather_rows_q4_1(np.array([n_rows - 1, 0], np.int32), qs, d, m, rows)
+    np.testing.assert_allclose(rows, dense[[n_rows - 1, 0]], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(("n", "n_rows"), [(1, 9), (4, 6), (8, 3)])
+def test_q8_0_matmul_and_dequantize(n: int, n_rows: int) -> None:
+    qs = RNG.integers(-128, 128, (n_rows, 64)).astype(np.int8)
+    d = randn(n_rows, 2) * 0.01
+    dense = (d[:, :, None].astype(np.float64) * qs.reshape(n_rows, 2, 32)).reshape(n_rows, 64)
+    x = randn(n, 64)
+    out = np.empty((n, n_rows), np.float32)
+    quant.q8_0_matmul(x, qs, d, out)
+    np.testing.assert_allclose(out, x @ dense.T, rtol=1e-4, atol=1e-4)
+    w = np.empty((n_rows, 64), np.float32)
+    quant.dequantize_q8_0(qs, d, w)
+    np.testing.assert_allclose(w, dense, rtol=1e-6, atol=1e-7)
+    rows = np.empty((1, 64), np.float32)
+    quant.gather_rows_q8_0(np.array([n_rows - 1], np.int32), qs, d, rows)
+    np.testing.assert_allclose(rows, dense[[n_rows - 1]], rtol=1e-6, atol=1e-7)
+
+
+BS, N_KV, HD, N_HEADS = 4, 2, 8, 6  # GQA group of 3
+
+
+def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: int) -> np.ndarray:
+    """One token's heads; k, v (ctx, n_kv, hd) in float64."""
+    out = np.empty((N_HEADS, HD))
+    for h in range(N_HEADS):
+        kvh = h // (N_HEADS // N_KV)
+        s = k[: pos + 1, kvh] @ q[h] / math.sqrt(HD)
+        p = np.exp(s - s.max())
+        out[h] = (p / p.sum()) @ v[: pos + 1, kvh]
+    return out.reshape(-1)
+
+
+def test_paged_and_blas_attention_equal_dense_attention() -> None:
+    """Two sequences in scattered blocks: a 21-token prefill chunk after 6 cached and a decode."""
+    n_blocks = 20
+    k_cache, v_cache = randn(n_blocks, BS, N_KV, HD), randn(n_blocks, BS, N_KV, HD)
+    tables = np.array([[17, 3, 9, 0, 12, 5, 8], [2, 14, 6, 1, 0, 0, 0]], np.int32)
+    positions = np.concatenate([np.arange(6, 27), [13]]).astype(np.int32)
+    seq_of_token = np.array([0] * 21 + [1], np.int32)
+    qkv = randn(22, N_HEADS * HD + 2 * N_KV * HD)
+
+    def context(s: int, ctx: int) -> tuple[np.ndarray, np.ndarray]:
+        blocks = tables[s, : -(-ctx // BS)]
+        return (
+            k_cache[blocks].reshape(-1, N_KV, HD).astype(np.float64),
+            v_cache[blocks].reshape(-1, N_KV, HD).astype(np.float64),
+        )
+
+    want = np.stack(
+        [
+            dense_attention(
+                qkv[t, : N_HEADS * HD].reshape(N_HEADS, HD),
+                *context(seq_of_token[t], 28),
+                positions[t],
+            )
+            for t in range(22)
+        ]
+    )
+    for min_run in (None, 5):  # all rows by the numba kernel, then the prefill run by BLAS
+        plan = attention.plan(seq_of_token, min_run)
+        assert (len(plan.runs), plan.kernel_tokens.shape[0]) == (
+            (0, 22) if min_run is None else (1, 1)
+        )
+        out = np.full((22, N_HEADS * HD), np.nan, np.float32)
+        attention.attend(qkv, plan, seq_of_token, positions, tables, k_cache, v_cache, N_HEADS, out)
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+
+
+def test_store_kv_writes_each_slot() -> None:
+    q_dim, kv_dim = N_HEADS * HD, N_KV * HD
+    qkv = randn(3, q_dim + 2 * kv_dim)
+    k_cache, v_cache = (
+        np.zeros((4, BS, N_KV, HD), np.float32),
+        np.zeros((4, BS, N_KV, HD), np.float32),
+    )
+    slots = np.array([13, 2, 7], np.int32)
+    attention.store_kv(qkv, slots, q_dim, kv_dim, k_cache, v_cache)
+    flat_k, flat_v = k_cache.reshape(-1, kv_dim), v_cache.reshape(-1, kv_dim)
+    np.testing.assert_array_equal(flat_k[slots], qkv[:, q_dim : q_dim + kv_dim])
+    np.testing.assert_array_equal(flat_v[slots], qkv[:, q_dim + kv_dim :])
+    assert np.count_nonzero(flat_k.any(1)) == 3
+
+
+def test_limited_threads_are_restored() -> None:
+    before = numba.get_num_threads()
+    with threads.limited(1):
+        assert numba.get_num_threads() == 1
+    assert numba.get_num_threads() == before
