@@ -8,7 +8,7 @@ from pathlib import Path
 
 from enginecore import loader
 from enginecore.batch import Batch, SeqChunk
-from enginecore.model import KVCache, ModelConfig, forward, rope_tables
+from enginecore.model import BLAS_ATTENTION_MIN_ROWS, KVCache, ModelConfig, forward, rope_tables
 from enginecore.weights import F32, QUANT_KERNEL_MAX_ROWS, Weights
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,10 @@ class ModelRunner:
     def warmup(self) -> None:
         """Compile (or load from the numba cache) every kernel signature before serving."""
         t0 = time.monotonic()
-        table = list(range(min(2, self.num_blocks)))
-        for n in (1, QUANT_KERNEL_MAX_ROWS + 1):  # the quantized-kernel path and the BLAS path
+        need = -(-BLAS_ATTENTION_MIN_ROWS // self.block_size)
+        table = list(range(min(need, self.num_blocks)))
+        # the quantized-kernel path, the BLAS path, and BLAS attention over a long chunk
+        for n in (1, QUANT_KERNEL_MAX_ROWS + 1, BLAS_ATTENTION_MIN_ROWS):
             n = min(n, len(table) * self.block_size)
             chunk = SeqChunk(list(range(n)), 0, table, 1)
             self.run(Batch.build([chunk], self.block_size))
