@@ -12,7 +12,7 @@ from enginecore.block_manager import BlockManager
 from enginecore.channel import Channel
 from enginecore.embedder import Embedder
 from enginecore.model_runner import ModelRunner
-from enginecore.request import FINISH_REASON, Request
+from enginecore.request import FINISH_REASON, Request, invalid_params
 from enginecore.sampler import Sampler, make_generator
 from enginecore.scheduler import Scheduled, Scheduler
 from enginecore.spec import accept
@@ -163,6 +163,8 @@ class Engine:
             )
         if min(msg.prompt_ids) < 0 or max(msg.prompt_ids) >= vocab:
             return RejectReason.INVALID, f"token ids must be in [0, {vocab})"
+        if (problem := invalid_params(msg.params)) is not None:
+            return RejectReason.INVALID, problem
         if n + msg.params.max_tokens > limit:
             return (
                 RejectReason.CONTEXT_LENGTH_EXCEEDED,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -33,6 +34,24 @@ FINISH_REASON = {
     RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
     RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
 }
+
+
+def invalid_params(p: SamplingParams) -> str | None:
+    """Why the sampler cannot honour `p`, or None.
+
+    The frontend validates stricter ranges; this guards the loop (shared by every frontend)
+    against a peer that did not, since e.g. min_p > 1 leaves nothing to sample from.
+    """
+    if not (math.isfinite(p.temperature) and p.temperature >= 0):
+        return "temperature must be a finite number >= 0"
+    if not (0 < p.top_p <= 1 and 0 <= p.min_p <= 1):
+        return "top_p must be in (0, 1] and min_p in [0, 1]"
+    if p.top_k < 0 or (p.logprobs is not None and p.logprobs < 0):
+        return "top_k and logprobs must be >= 0"
+    penalties = (p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
+    if not (all(map(math.isfinite, penalties)) and p.repetition_penalty > 0):
+        return "penalties must be finite and repetition_penalty > 0"
+    return None
 
 
 @dataclass(slots=True)
