@@ -23,6 +23,9 @@ from shared.protocol import SamplingParams
 ROLES: Final = frozenset({"system", "user", "assistant", "tool", "developer"})
 MAX_STOP: Final = 4
 MAX_LOGPROBS: Final = 20
+# Above any vocabulary: a larger top_k means "off", a larger stop id can never be sampled. Both
+# are cut to this so the Submit always encodes (msgspec refuses ints beyond 64 bits).
+MAX_TOKEN_ID: Final = 2**31 - 1
 DEFAULT_COMPLETION_MAX_TOKENS: Final = 16
 PRIORITY_HEADER: Final = "X-TL-Priority"
 _INTEGER: Final = re.compile(r"\s*[+-]?[0-9]{1,9}\s*")
@@ -241,8 +244,8 @@ def to_sampling_params(
         logprobs = req.logprobs
     ignore_eos = bool(req.ignore_eos)
     stop_ids = () if ignore_eos else tuple(eos_ids)
-    extra = tuple(i for i in (req.stop_token_ids or ()) if i not in stop_ids)
-    top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
+    extra = tuple(i for i in (req.stop_token_ids or ()) if i not in stop_ids and i <= MAX_TOKEN_ID)
+    top_k = min(req.top_k, MAX_TOKEN_ID) if req.top_k is not None and req.top_k > 0 else 0
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -270,3 +273,9 @@ def parse_priority(value: str | None) -> int:
     if not -100 <= priority <= 100:
         raise invalid(PRIORITY_HEADER, f"{PRIORITY_HEADER} must be in [-100, 100].")
     return priority
+
+
+def check_num_messages(num: int, max_messages: int | None) -> None:
+    """max_messages (runtime.toml) bounds the work one request can ask of the template."""
+    if max_messages is not None and num > max_messages:
+        raise invalid("messages", f"At most {max_messages} messages are allowed, got {num}.")
