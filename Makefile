@@ -3,7 +3,7 @@ PY ?= .venv/bin/python
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: setup install model fmt lint type test test-all check serve bench
+.PHONY: setup install model gateway fmt lint type test test-all check serve bench
 
 setup: install model
 
@@ -16,6 +16,12 @@ install: .venv/.installed
 
 model: install
 	$(PY) deploy/fetch_model.py
+
+# the gateway test runs a real nginx from the distribution's packages
+gateway:
+	@command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null \
+	  || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; }
 
 fmt: install
 	$(PY) -m ruff format .
@@ -31,7 +37,7 @@ type: install
 test: setup
 	$(PY) -m pytest tests/unit -q
 
-test-all: setup
+test-all: setup gateway
 	$(PY) -m pytest -q
 
 check: setup lint type test-all

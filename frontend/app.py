@@ -20,6 +20,7 @@ from frontend.responses import error_response
 from frontend.routes_generate import PING_INTERVAL_S, GenerateRoutes
 from frontend.routes_other import ApiRoutes, HealthRoutes, healthz
 from frontend.served_model import ServedModel
+from frontend.workers import Workers
 from shared.config import EngineConfig
 from shared.errors import ErrorCode, ServingError
 
@@ -50,6 +51,7 @@ class Services:
     admission: Admission
     metrics: Metrics
     process: CoreProcess | None  # the core this frontend spawned, if it did
+    workers: Workers | None = None  # worker 0 of `--workers N`: the other N - 1
 
 
 def _errors(metrics: Metrics | None) -> Middleware:
@@ -147,10 +149,15 @@ def make_api_app(
         ],
     )
     _share(app, services)
+    max_messages = services.config.max_messages
     generate = GenerateRoutes(
-        services.core, services.model, services.metrics, ping_interval_s=ping_interval_s
+        services.core,
+        services.model,
+        services.metrics,
+        ping_interval_s=ping_interval_s,
+        max_messages=max_messages,
     )
-    other = ApiRoutes(services.core, services.model)
+    other = ApiRoutes(services.core, services.model, max_messages=max_messages)
     app.router.add_post("/v1/chat/completions", generate.chat)
     app.router.add_post("/v1/completions", generate.completions)
     app.router.add_post("/v1/embeddings", other.embeddings)
@@ -166,7 +173,8 @@ def make_health_app(services: Services) -> web.Application:
     """The health port: never behind API keys, open until the process exits."""
     app = web.Application(middlewares=[_errors(None)])
     _share(app, services)
-    health = HealthRoutes(services.core, services.admission, services.metrics)
+    peers = None if services.workers is None else services.workers.scrape
+    health = HealthRoutes(services.core, services.admission, services.metrics, peers=peers)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", health.readyz)
     app.router.add_get("/metrics", health.metrics)

@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import logging
 import os
+from typing import Any
 
 import msgspec
 import zmq
@@ -42,9 +43,10 @@ class CoreClient:
     """Requests out over one DEALER; Welcome, Step, Rejected, Embedded and Stats routed back.
 
     The core never answers a Heartbeat, so silence is probed with GetStats, which it always
-    answers. A core silent for `silence_s`, or one that says Shutdown, is lost: every open
-    request fails with 503 engine_unavailable and the socket is replaced by a new one (a new
-    identity, so nothing queued for the dead core reaches its successor) that says Hello.
+    answers. A core whose connection closes, or silent for `silence_s`, or that says Shutdown,
+    is lost: every open request fails with 503 engine_unavailable and the socket is replaced
+    by a new one that says Hello (a new identity: a successor on the same address knows
+    neither the old one nor its requests, and nothing queued for the dead core reaches it).
     """
 
     def __init__(self, address: str, *, heartbeat_s: float = 1.0, silence_s: float = 10.0) -> None:
@@ -149,12 +151,10 @@ class CoreClient:
         for stream in self._streams.values():
             stream.put(unavailable(reason))
         self._streams.clear()
-        for embed in self._embeds.values():
-            if not embed.done():
-                embed.set_exception(unavailable(reason))
-        for stats in self._stats:
-            if not stats.done():
-                stats.set_exception(unavailable(reason))
+        waiters: list[asyncio.Future[Any]] = [*self._embeds.values(), *self._stats]
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(unavailable(reason))
         self._embeds.clear()
         self._stats.clear()
         self._lost.set()
@@ -188,6 +188,7 @@ class CoreClient:
             self.identity = f"fe-{os.getpid()}-{next(self._connections)}"
             socket.setsockopt(zmq.IDENTITY, self.identity.encode())
             socket.setsockopt(zmq.LINGER, 0)
+            monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             socket.connect(self.address)
             self._outbox = asyncio.Queue()  # what was meant for the lost core is dropped
             self._lost.clear()
@@ -195,6 +196,7 @@ class CoreClient:
             io = [
                 asyncio.create_task(self._read(socket), name="core-client-read"),
                 asyncio.create_task(self._write(socket), name="core-client-write"),
+                asyncio.create_task(self._hang_up(monitor), name="core-client-monitor"),
             ]
             try:
                 await self._watch()
@@ -202,6 +204,7 @@ class CoreClient:
                 for task in io:
                     task.cancel()
                 await asyncio.gather(*io, return_exceptions=True)
+                monitor.close(linger=0)
                 socket.close(linger=self._linger_ms)
             if self._core_stopping:
                 await asyncio.Event().wait()  # it was told to go: nobody to reconnect to
@@ -223,6 +226,13 @@ class CoreClient:
                 self.lose(f"no message for {quiet:.1f} s")
             elif quiet > self._heartbeat_s:
                 self._send(GetStats())
+
+    async def _hang_up(self, monitor: zmq.asyncio.Socket) -> None:
+        """The core's end closed (it died, or exited): lost now, not after `silence_s`."""
+        await monitor.recv_multipart()  # the only event it reports: EVENT_DISCONNECTED
+        if self._welcome is None:  # no handshake yet: never spin on a peer that hangs up
+            await asyncio.sleep(self._heartbeat_s)
+        self.lose("its connection closed")
 
     async def _write(self, socket: zmq.asyncio.Socket) -> None:
         outbox = self._outbox
@@ -250,12 +260,7 @@ class CoreClient:
             case Welcome():
                 self._welcome = self.last_welcome = message
                 self._welcomed.set()
-                log.info(
-                    "engine core ready: model=%s max_model_len=%d pid=%d",
-                    message.model_id,
-                    message.max_model_len,
-                    message.core_pid,
-                )
+                log.info("engine core ready: %s", message)
             case Step(events=events):
                 for event in events:
                     self._route(event)

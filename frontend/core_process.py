@@ -24,7 +24,7 @@ def core_argv(config_path: str | None) -> list[str]:
     return argv if config_path is None else [*argv, "--config", config_path]
 
 
-def _die_with_parent() -> Callable[[], None] | None:
+def die_with_parent() -> Callable[[], None] | None:
     """A hook run in the child before exec: the kernel kills it when the frontend dies, however."""
     if sys.platform != "linux":
         return None
@@ -61,7 +61,7 @@ class CoreProcess:
         self._proc: asyncio.subprocess.Process | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
-        self._pre_exec = _die_with_parent()
+        self._pre_exec = die_with_parent()
         self.failed = asyncio.Event()
         self.failure = ""
 

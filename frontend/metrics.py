@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from shared.protocol import Stats
@@ -15,6 +16,7 @@ from shared.protocol import Stats
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_BUCKETS: Final = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+_FRONTEND_PREFIX: Final = "tl_frontend_"
 _E2E_BUCKETS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 
 
@@ -98,13 +100,62 @@ class Metrics:
     def count_request(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
 
-    def render(self, stats: Stats | None) -> bytes:
-        """The exposition text; core metrics only if `stats` came from a live core."""
+    def render(self, stats: Stats | None, peers: Sequence[str] = ()) -> bytes:
+        """The exposition text; core metrics only if `stats` came from a live core.
+
+        `peers` are the texts of the other workers of a `--workers` group: their frontend
+        samples are added to ours (the core's are the same core's, so only ours count).
+        """
         self._core.stats = stats
         try:
-            return generate_latest(self.registry)
+            own = generate_latest(self.registry)
         finally:
             self._core.stats = None
+        if not peers:
+            return own
+        return _merge(own.decode(), peers)
+
+
+class _Families(Collector):
+    """Already-built metric families, to be rendered by generate_latest."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def _merge(own: str, peers: Sequence[str]) -> bytes:
+    """Our families, with each peer's `tl_frontend_*` samples added (`*_created`: the earliest)."""
+    families = {f.name: f for f in text_string_to_metric_families(own)}
+    values: dict[tuple[str, str, tuple[tuple[str, str], ...]], float] = {}
+    for family in families.values():
+        for sample in family.samples:
+            values[family.name, sample.name, tuple(sorted(sample.labels.items()))] = sample.value
+    for text in peers:
+        for family in text_string_to_metric_families(text):
+            if not family.name.startswith(_FRONTEND_PREFIX) or family.name not in families:
+                continue
+            for sample in family.samples:
+                key = (family.name, sample.name, tuple(sorted(sample.labels.items())))
+                if key not in values:
+                    families[family.name].samples.append(sample)  # a label set only it has seen
+                    values[key] = sample.value
+                elif sample.name.endswith("_created"):
+                    values[key] = min(values[key], sample.value)
+                else:
+                    values[key] += sample.value
+    merged = []
+    for family in families.values():
+        out = Metric(family.name, family.documentation, family.type, family.unit)
+        for sample in family.samples:
+            key = (family.name, sample.name, tuple(sorted(sample.labels.items())))
+            out.add_sample(sample.name, sample.labels, values[key])
+        merged.append(out)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(merged))
+    return generate_latest(registry)
 
 
 class RequestTimer:

@@ -24,6 +24,7 @@ from frontend.sse import SSEStream
 from frontend.validation import (
     PRIORITY_HEADER,
     GenerateRequest,
+    check_num_messages,
     completion_prompt,
     invalid,
     parse_priority,
@@ -68,16 +69,19 @@ class GenerateRoutes:
         metrics: Metrics,
         *,
         ping_interval_s: float = PING_INTERVAL_S,
+        max_messages: int | None = None,
     ) -> None:
         self._core = core
         self._model = model
         self._metrics = metrics
         self._ping_interval_s = ping_interval_s
+        self._max_messages = max_messages
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         arrival = time.monotonic()
         req = decode_request(await request.read(), ChatCompletionRequest)
         validate_chat(req)
+        check_num_messages(len(req.messages), self._max_messages)
         welcome, priority = self._gate(request, req.model)
         try:
             text = self._model.template.render(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -15,6 +16,7 @@ from frontend.openai_types import EmbeddingRequest, TokenizeRequest, decode_requ
 from frontend.responses import json_response
 from frontend.served_model import ServedModel
 from frontend.validation import (
+    check_num_messages,
     embedding_inputs,
     invalid,
     template_messages,
@@ -32,9 +34,12 @@ async def healthz(request: web.Request) -> web.Response:
 class ApiRoutes:
     """POST /v1/embeddings, POST /v1/tokenize, GET /v1/models and /v1/models/{id}."""
 
-    def __init__(self, core: CoreClient, model: ServedModel) -> None:
+    def __init__(
+        self, core: CoreClient, model: ServedModel, *, max_messages: int | None = None
+    ) -> None:
         self._core = core
         self._model = model
+        self._max_messages = max_messages
 
     async def embeddings(self, request: web.Request) -> web.Response:
         req = decode_request(await request.read(), EmbeddingRequest)
@@ -74,6 +79,7 @@ class ApiRoutes:
         self._model.check(req.model)
         welcome = self._core.require_welcome()
         if req.messages is not None:
+            check_num_messages(len(req.messages), self._max_messages)
             generation_prompt = req.add_generation_prompt is not False
             try:
                 text = self._model.template.render(
@@ -112,11 +118,13 @@ class HealthRoutes:
         metrics: Metrics,
         *,
         stats_timeout_s: float = 1.0,
+        peers: Callable[[], Awaitable[list[str]]] | None = None,
     ) -> None:
         self._core = core
         self._admission = admission
         self._metrics = metrics
         self._stats_timeout_s = stats_timeout_s
+        self._peers = peers  # the /metrics text of the other workers, to add to ours
 
     async def readyz(self, request: web.Request) -> web.Response:
         """Readiness: 503 while draining or while no core has handshaken."""
@@ -128,6 +136,7 @@ class HealthRoutes:
 
     async def metrics(self, request: web.Request) -> web.Response:
         stats = await self._core.stats(self._stats_timeout_s)
+        peers = [] if self._peers is None else await self._peers()
         return web.Response(
-            body=self._metrics.render(stats), headers={"Content-Type": CONTENT_TYPE}
+            body=self._metrics.render(stats, peers), headers={"Content-Type": CONTENT_TYPE}
         )
