@@ -32,6 +32,7 @@ from shared.config import BUNDLED_MODEL
 from shared.model_card import read_card
 from shared.protocol import (
     GetStats,
+    Heartbeat,
     Hello,
     Rejected,
     SamplingParams,
@@ -83,9 +84,15 @@ class Core:
         first: dict[str, float] = {}
         done: dict[str, float] = {}
         count = dict.fromkeys(rids, 0)
+        last_beat = time.monotonic()
         while len(done) < len(rids):
-            if not self.sock.poll(600_000):
-                raise RuntimeError("core stopped answering")
+            if time.monotonic() - last_beat > 1.0:  # a silent frontend has its requests aborted
+                self.sock.send(self.enc.encode(Heartbeat()))
+                last_beat = time.monotonic()
+            if not self.sock.poll(1000):
+                if time.perf_counter() - t0 > 600:
+                    raise RuntimeError("core stopped answering")
+                continue
             msg = self.dec.decode(self.sock.recv())
             now = time.perf_counter() - t0
             if isinstance(msg, Rejected):
@@ -111,9 +118,15 @@ class Core:
             if isinstance(msg, Stats):
                 return msg
 
-    def close(self) -> None:
+    def __enter__(self) -> Core:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         self.proc.terminate()
-        self.proc.wait(60)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
         self.sock.close(0)
         self.ctx.term()
 
@@ -145,7 +158,11 @@ def random_prompts(n: int, length: int, seed: int) -> list[list[int]]:
 
 
 def throughput(levels: list[int], out_tokens: int) -> list[dict[str, float]]:
-    core = Core()
+    with Core() as core:
+        return _throughput(core, levels, out_tokens)
+
+
+def _throughput(core: Core, levels: list[int], out_tokens: int) -> list[dict[str, float]]:
     params = SamplingParams(max_tokens=out_tokens, temperature=0.0, ignore_eos=True)
     core.run(random_prompts(2, 32, 99), params)  # warm
     rows = []
@@ -159,34 +176,30 @@ def throughput(levels: list[int], out_tokens: int) -> list[dict[str, float]]:
                      "blas_matmul_tokens_per_s": c / blas, "ratio_to_blas": tok_s / (c / blas)})  # fmt: skip
         print(f"  {c:3d} concurrent: {tok_s:7.1f} tok/s   TTFT p50 {rows[-1]['ttft_p50_s'] * 1000:7.0f} ms   "
               f"numpy BLAS matmuls alone {c / blas:7.1f} tok/s   ratio {rows[-1]['ratio_to_blas']:.2f}")  # fmt: skip
-    core.close()
     return rows
 
 
 def prefix_ttft(prefix_cache: str, repeats: int = 5) -> float:
-    core = Core(prefix_cache=prefix_cache)
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     prefix = random_prompts(1, 1000, 7)[0]
-    core.run([prefix + [11, 12, 13]], params)  # the earlier request
-    ttfts = [core.run([prefix + [20 + i, 21, 22]], params)["ttft"][0] for i in range(repeats)]
-    core.close()
+    with Core(prefix_cache=prefix_cache) as core:
+        core.run([prefix + [11, 12, 13]], params)  # the earlier request
+        ttfts = [core.run([prefix + [20 + i, 21, 22]], params)["ttft"][0] for i in range(repeats)]
     return statistics.median(ttfts)
 
 
 def repeat_task_tokens_per_s(
     speculative: str, tok: Tokenizer, template: ChatTemplate
 ) -> tuple[float, int]:
-    core = Core(speculative=speculative)
     text = template.render(
         [{"role": "user", "content": f"Repeat this paragraph exactly:\n\n{PARAGRAPH}"}],
         add_generation_prompt=True,
     )
     prompt = tok.encode(text)
-    params = SamplingParams(max_tokens=128, temperature=0.0)
-    core.run([prompt], SamplingParams(max_tokens=4, temperature=0.0))  # warm
-    r = core.run([prompt], params)
-    accepted = core.stats().spec_accepted_total
-    core.close()
+    with Core(speculative=speculative) as core:
+        core.run([prompt], SamplingParams(max_tokens=4, temperature=0.0))  # warm
+        r = core.run([prompt], SamplingParams(max_tokens=128, temperature=0.0))
+        accepted = core.stats().spec_accepted_total
     return r["tokens"][0] / (r["done"][0] - r["ttft"][0]), accepted
 
 
