@@ -134,6 +134,16 @@ def parse_listen(value: str, key: str = "listen") -> tuple[str, int]:
     return (host.strip("[]") or "0.0.0.0", int(port))
 
 
+def prepare_blas_environment() -> None:
+    """Let OpenBLAS's idle workers sleep at once instead of spinning for ~0.1 s after a call.
+
+    The core alternates BLAS calls (prefill, big batches) with 2-thread numba kernels (decode);
+    a spinning BLAS worker takes a core from the next decode step (10.5 ms instead of 6.9,
+    bench/README.md). OpenBLAS reads this when numpy loads, so it must run before that.
+    """
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+
 def _override_value(text: str) -> object:
     """An env value is a TOML literal if it parses as one, else a plain string."""
     try:
