@@ -244,7 +244,9 @@ class Engine:
             [0] + [c.num_sample for c in scheduled.chunks]
         )  # first logits row of each
         plain = [i for i, c in enumerate(scheduled.chunks) if c.num_sample == 1]
-        tokens = self.sampler.sample(logits[starts[plain]], [scheduled.requests[i] for i in plain])
+        # every row sampled once (the usual decode step): no 12 MB copy of a (64, vocab) gather
+        rows = logits if len(plain) == logits.shape[0] else logits[starts[plain]]
+        tokens = self.sampler.sample(rows, [scheduled.requests[i] for i in plain])
         plain_token = dict(zip(plain, tokens.tolist(), strict=True))
         emitted: list[list[int]] = []
         for i, (req, chunk) in enumerate(zip(scheduled.requests, scheduled.chunks, strict=True)):
