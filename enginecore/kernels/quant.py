@@ -117,25 +117,3 @@ def dequantize_q8_0(qs, d, w):  # -> w (N, K) float32
         for b in range(nb):
             for j in range(32):
                 w[r, b * 32 + j] = d[r, b] * np.float32(qs[r, b * 32 + j])
-
-
-@njit(cache=True, nogil=True)
-def gather_rows_q8_0(ids, qs, d, out):  # ids (n,) -> out (n, K): embedding lookup
-    nb = d.shape[1]
-    for t in range(ids.shape[0]):
-        r = ids[t]
-        for b in range(nb):
-            for j in range(32):
-                out[t, b * 32 + j] = d[r, b] * np.float32(qs[r, b * 32 + j])
-
-
-@njit(cache=True, nogil=True)
-def gather_rows_q4_1(ids, qs, d, m, out):  # ids (n,) -> out (n, K): embedding lookup
-    nb = d.shape[1]
-    for t in range(ids.shape[0]):
-        r = ids[t]
-        for b in range(nb):
-            for j in range(16):
-                q = qs[r, b * 16 + j]
-                out[t, b * 32 + j] = d[r, b] * np.float32(q & 15) + m[r, b]
-                out[t, b * 32 + 16 + j] = d[r, b] * np.float32(q >> 4) + m[r, b]
