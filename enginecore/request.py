@@ -85,6 +85,10 @@ class Request:
         return self.prompt_ids + self.output_ids
 
     @property
+    def last_token(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    @property
     def is_prefilling(self) -> bool:
         """More than the last token is still to be computed."""
         return self.num_computed < self.num_tokens - 1

@@ -89,7 +89,7 @@ class Scheduler:
             if not self._reserve(req, req.num_tokens + len(drafts), chosen):
                 continue
             req.drafts = drafts
-            tokens = [req.all_ids[-1], *drafts]
+            tokens = [req.last_token, *drafts]
             chosen.append((req, SeqChunk(tokens, req.num_computed, req.block_table, len(tokens))))
             budget -= len(tokens)
         # 2. prefill chunks of running requests, then 3. waiting requests by priority
@@ -187,6 +187,7 @@ class Scheduler:
             if req.status != RequestStatus.RUNNING:
                 continue
             # fed tokens are computed, except drafts beyond the accepted ones
+            full_before = req.num_computed // self.blocks.block_size
             req.num_computed += len(chunk.token_ids) - len(req.drafts) + max(len(new) - 1, 0)
             req.drafts = []
             req.new_ids = []
@@ -199,8 +200,9 @@ class Scheduler:
                     self._release(req, status)
                     finished.append(req)
                     break
-            else:
-                self.blocks.cache_full_blocks(req.all_ids[: req.num_computed], req.block_table)
+            else:  # publish blocks this step filled (no O(context) copy on the other steps)
+                if req.num_computed // self.blocks.block_size > full_before:
+                    self.blocks.cache_full_blocks(req.all_ids[: req.num_computed], req.block_table)
         return finished
 
     def _finish_status(self, req: Request, token: int) -> RequestStatus | None:
