@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from enginecore.batch import Batch, SeqChunk
+from enginecore.kernels import gemm
 from enginecore.model_runner import ModelRunner
 from shared.config import BUNDLED_MODEL
 
@@ -48,9 +49,10 @@ def blas_same_matmuls(runner: ModelRunner, rows: int, sampled: int) -> Callable[
     hout = np.empty((sampled, head.shape[0]), np.float32)
 
     def run() -> None:
-        for m, o in zip(mats, outs, strict=True):
-            np.matmul(xs[m.shape[1]], m.T, out=o)
-        np.matmul(hx, head.T, out=hout)
+        with gemm.numpy_blas_threads():  # numpy as it comes: OpenBLAS's own thread pool
+            for m, o in zip(mats, outs, strict=True):
+                np.matmul(xs[m.shape[1]], m.T, out=o)
+            np.matmul(hx, head.T, out=hout)
 
     return run
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from enginecore.kernels import attention, ops, threads
+from enginecore.kernels import attention, gemm, ops, threads
 from enginecore.weights import F32, I32, QUANT_KERNEL_MAX_ROWS, Weights
 
 # A sequence's run of at least this many rows in a BLAS-mode batch attends by BLAS GEMMs.
@@ -76,11 +76,12 @@ def forward(
 ) -> F32:
     """Logits (r, vocab), or the final-normed hidden states (r, d) when return_hidden."""
     n = token_ids.shape[0]
-    # Few rows: every matmul streams quantized bytes in a 2-thread numba kernel. Many rows:
-    # matmuls are 2-thread BLAS and every numba kernel runs on one thread, because a numba
-    # parallel region next to a BLAS call fights BLAS's spinning worker (bench/README.md).
+    # Few rows: every matmul streams quantized bytes in a numba kernel. Many rows: matmuls
+    # are BLAS on the dense copies, called from numba's threads (kernels/gemm.py). Without
+    # that, BLAS runs its own threads and every numba kernel must stay on one thread, since a
+    # numba parallel region next to a BLAS call fights BLAS's spinning workers.
     blas = n > QUANT_KERNEL_MAX_ROWS
-    with threads.limited(1) if blas else nullcontext():
+    with threads.limited(1) if blas and not gemm.AVAILABLE else nullcontext():
         return _forward(
             cfg, w, cache, rope, token_ids, positions, seq_of_token, block_tables,
             slot_mapping, sample_rows, return_hidden, blas,

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from enginecore.kernels import ops, quant
+from enginecore.kernels import gemm, ops, quant
 
 F32 = npt.NDArray[np.float32]
 I32 = npt.NDArray[np.int32]
@@ -72,7 +72,7 @@ class Matrix:
         elif self.kind == WeightKind.Q8_0 and n <= QUANT_KERNEL_MAX_ROWS:
             quant.q8_0_matmul(x, self.qs, self.d, out)
         else:
-            np.matmul(x, self.dense.T, out=out)
+            gemm.matmul_nt(x, self.dense, out)
 
     def gather(self, ids: I32, out: F32) -> None:
         """out (n, K) = rows `ids` of W (an embedding lookup)."""

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit, prange
 
-from enginecore.kernels import threads
+from enginecore.kernels import gemm, threads
 from enginecore.kernels.ops import fast_exp
 
 # Query tokens per GEMM tile of the BLAS path: smaller tiles skip more of the causal upper
@@ -157,10 +157,12 @@ def chunk_attention(
         for kvh in range(n_kv):
             cols = slice(kvh * group * head_dim, (kvh + 1) * group * head_dim)
             q = (qkv[ta:tb, cols] * scale).reshape(-1, head_dim)  # (m * group, hd), a copy
-            s = q @ keys[:c, kvh].T  # (m * group, c)
+            s = np.empty((q.shape[0], c), np.float32)
+            gemm.matmul_nt(q, keys[:c, kvh], s)
             inv_den = np.empty(s.shape[0], np.float32)
             causal_exp(s, int(positions[ta]), group, inv_den)
-            o = s @ values[:c, kvh]  # (m * group, hd)
+            o = np.empty((q.shape[0], head_dim), np.float32)
+            gemm.matmul_nn(s, values[:c, kvh], o)
             o *= inv_den[:, None]
             out[ta:tb, cols] = o.reshape(tb - ta, group * head_dim)
 

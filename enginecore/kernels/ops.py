@@ -6,7 +6,7 @@ makes any numba parallel region beside them several times slower (see bench/READ
 """
 
 import numpy as np
-from llvmlite import ir  # type: ignore[import-untyped]
+from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
