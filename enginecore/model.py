@@ -112,24 +112,29 @@ def _forward(
     gate_up = np.empty((n, 2 * cfg.intermediate_size), np.float32)
     act = np.empty((n, cfg.intermediate_size), np.float32)
     plan = attention.plan(seq_of_token, BLAS_ATTENTION_MIN_ROWS if blas else None)
+    # many rows, and numba owns both cores (kernels/gemm.py): row ops split the rows too
+    split_rows = blas and gemm.AVAILABLE
+    rotate = ops.rope_parallel if split_rows else ops.rope
+    add_rmsnorm = ops.add_rmsnorm_parallel if split_rows else ops.add_rmsnorm
+    silu_mul = ops.silu_mul_parallel if split_rows else ops.silu_mul
 
     w.embed.gather(token_ids, x)
     ops.rmsnorm(x, w.layers[0].attn_norm, eps, h)
     for layer, lw in enumerate(w.layers):
         lw.wqkv.matmul(h, qkv)  # [q | k | v]
-        ops.rope(qkv, positions, cos, sin, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
+        rotate(qkv, positions, cos, sin, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
         attention.store_kv(qkv, slot_mapping, cfg.q_dim, cfg.kv_dim, cache.k[layer], cache.v[layer])
         attention.attend(
             qkv, plan, seq_of_token, positions, block_tables,
             cache.k[layer], cache.v[layer], cfg.num_heads, att,
         )  # fmt: skip
         lw.wo.matmul(att, proj)
-        ops.add_rmsnorm(x, proj, lw.ffn_norm, eps, h)  # x += proj; h = norm(x)
+        add_rmsnorm(x, proj, lw.ffn_norm, eps, h)  # x += proj; h = norm(x)
         lw.w_gate_up.matmul(h, gate_up)
-        ops.silu_mul(gate_up, act)
+        silu_mul(gate_up, act)
         lw.w_down.matmul(act, proj)
         if layer + 1 < len(w.layers):
-            ops.add_rmsnorm(x, proj, w.layers[layer + 1].attn_norm, eps, h)
+            add_rmsnorm(x, proj, w.layers[layer + 1].attn_norm, eps, h)
         else:
             ops.add_inplace(x, proj)
 

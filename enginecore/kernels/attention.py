@@ -110,13 +110,13 @@ def paged_attention(
                 out[t, qb + i] = a[g, i]
 
 
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
+@njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
 def causal_exp(s, first_pos, group, inv_den):
     # s (rows, ctx) scaled q.k scores, in place -> exp(s - row max), zero past the causal
     # limit; inv_den (rows,) <- 1 / row sum (applied to p @ v: a pass over hd, not ctx).
     # Row r is the query at position first_pos + r // group, which sees keys 0..position.
     rows, ctx = s.shape
-    for r in range(rows):
+    for r in prange(rows):
         lim = min(first_pos + r // group + 1, ctx)
         m = np.float32(-1e30)  # not -inf: fastmath assumes finite values
         for p in range(lim):

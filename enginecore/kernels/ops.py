@@ -1,13 +1,14 @@
 """Elementwise and per-row operations of the llama block, over preallocated fp32 arrays.
 
-They are single-threaded on purpose: a decode step's rows are too small to pay for waking a
-second thread, and a big batch's rows sit between 2-thread BLAS calls, whose spinning worker
-makes any numba parallel region beside them several times slower (see bench/README.md).
+A few-row step's rows are too small to pay for waking a second thread, so the plain kernels
+are single-threaded; the `*_parallel` ones split the rows of a many-row (BLAS-mode) step over
+numba's threads, which are free there when BLAS runs on them too (kernels/gemm.py). One row's
+work is one inlined function, shared by both.
 """
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import intrinsic
 
 
@@ -52,44 +53,75 @@ def rmsnorm(x, w, eps, out):  # x (n, d), w (d,) -> out (n, d)
             out[t, i] = x[t, i] * scale * w[i]
 
 
+@njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
+def _add_rmsnorm_row(x, y, w, eps, out, t):
+    dim = x.shape[1]
+    ss = np.float32(0.0)
+    for i in range(dim):
+        v = x[t, i] + y[t, i]
+        x[t, i] = v
+        ss += v * v
+    scale = np.float32(1.0) / np.sqrt(ss / np.float32(dim) + np.float32(eps))
+    for i in range(dim):
+        out[t, i] = x[t, i] * scale * w[i]
+
+
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
 def add_rmsnorm(x, y, w, eps, out):  # x (n, d) += y (n, d); out (n, d) = rmsnorm(x) * w
-    n, dim = x.shape
-    for t in range(n):
-        ss = np.float32(0.0)
-        for i in range(dim):
-            v = x[t, i] + y[t, i]
-            x[t, i] = v
-            ss += v * v
-        scale = np.float32(1.0) / np.sqrt(ss / np.float32(dim) + np.float32(eps))
-        for i in range(dim):
-            out[t, i] = x[t, i] * scale * w[i]
+    for t in range(x.shape[0]):
+        _add_rmsnorm_row(x, y, w, eps, out, t)
+
+
+@njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
+def add_rmsnorm_parallel(x, y, w, eps, out):
+    for t in prange(x.shape[0]):
+        _add_rmsnorm_row(x, y, w, eps, out, t)
+
+
+@njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
+def _rope_row(x, t, p, cos, sin, n_heads, head_dim):
+    half = head_dim // 2
+    for h in range(n_heads):
+        base = h * head_dim
+        for i in range(half):
+            a = x[t, base + i]
+            b = x[t, base + half + i]
+            x[t, base + i] = a * cos[p, i] - b * sin[p, i]
+            x[t, base + half + i] = b * cos[p, i] + a * sin[p, i]
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
 def rope(x, positions, cos, sin, n_heads, head_dim):
     # x (n, >= n_heads * head_dim) rotated in place, rotate-half (NeoX/HF) layout;
     # positions (n,) int32; cos, sin (max_pos, head_dim // 2)
-    half = head_dim // 2
     for t in range(x.shape[0]):
-        p = positions[t]
-        for h in range(n_heads):
-            base = h * head_dim
-            for i in range(half):
-                a = x[t, base + i]
-                b = x[t, base + half + i]
-                x[t, base + i] = a * cos[p, i] - b * sin[p, i]
-                x[t, base + half + i] = b * cos[p, i] + a * sin[p, i]
+        _rope_row(x, t, positions[t], cos, sin, n_heads, head_dim)
+
+
+@njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
+def rope_parallel(x, positions, cos, sin, n_heads, head_dim):
+    for t in prange(x.shape[0]):
+        _rope_row(x, t, positions[t], cos, sin, n_heads, head_dim)
+
+
+@njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
+def _silu_mul_row(gate_up, out, t):
+    f = out.shape[1]
+    for i in range(f):
+        g = gate_up[t, i]
+        out[t, i] = g / (np.float32(1.0) + fast_exp(-g)) * gate_up[t, f + i]
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
 def silu_mul(gate_up, out):  # gate_up (n, 2 * f) = [gate | up] -> out (n, f) = silu(gate) * up
-    n = gate_up.shape[0]
-    f = out.shape[1]
-    for t in range(n):
-        for i in range(f):
-            g = gate_up[t, i]
-            out[t, i] = g / (np.float32(1.0) + fast_exp(-g)) * gate_up[t, f + i]
+    for t in range(gate_up.shape[0]):
+        _silu_mul_row(gate_up, out, t)
+
+
+@njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
+def silu_mul_parallel(gate_up, out):
+    for t in prange(gate_up.shape[0]):
+        _silu_mul_row(gate_up, out, t)
 
 
 @njit(cache=True, nogil=True)

@@ -83,6 +83,34 @@ def test_silu_mul_add_and_gather() -> None:
     np.testing.assert_array_equal(rows, table[ids])
 
 
+def test_row_split_kernels_equal_their_serial_twins() -> None:
+    # the same row code, compiled twice: fastmath may vectorize a reduction differently (1 ulp)
+    n, d, f, n_heads, hd = 37, 24, 20, 4, 6
+    same = {"rtol": 1e-6, "atol": 1e-7}
+    pos = RNG.integers(0, 50, n).astype(np.int32)
+    cos, sin = randn(50, hd // 2), randn(50, hd // 2)
+    x = randn(n, n_heads * hd + 3)
+    a, b = x.copy(), x.copy()
+    ops.rope(a, pos, cos, sin, n_heads, hd)
+    ops.rope_parallel(b, pos, cos, sin, n_heads, hd)
+    np.testing.assert_allclose(a, b, **same)
+    resid, y, w = randn(n, d), randn(n, d), randn(d)
+    r1, r2, o1, o2 = (
+        resid.copy(),
+        resid.copy(),
+        np.empty((n, d), np.float32),
+        np.empty((n, d), np.float32),
+    )
+    ops.add_rmsnorm(r1, y, w, 1e-5, o1)
+    ops.add_rmsnorm_parallel(r2, y, w, 1e-5, o2)
+    np.testing.assert_allclose(r1, r2, **same)
+    np.testing.assert_allclose(o1, o2, **same)
+    gu, s1, s2 = randn(n, 2 * f), np.empty((n, f), np.float32), np.empty((n, f), np.float32)
+    ops.silu_mul(gu, s1)
+    ops.silu_mul_parallel(gu, s2)
+    np.testing.assert_allclose(s1, s2, **same)
+
+
 def q4_1_random(n_rows: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """qs, d, m and the dense matrix they stand for, built nibble by nibble in numpy."""
     q = RNG.integers(0, 16, (n_rows, k // 32, 32))
