@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -49,7 +50,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=12)
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
-    spy = shutil.which("py-spy")
+    # the venv's bin is not on PATH when the bench runs as .venv/bin/python -m bench.profile
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if spy is None:
         raise SystemExit("py-spy is not installed: pip install -e '.[bench]'")
     raw = Path(tempfile.mkdtemp(prefix="tl-profile-")) / "core.txt"

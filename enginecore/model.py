@@ -58,7 +58,12 @@ class KVCache:
     @staticmethod
     def allocate(cfg: ModelConfig, num_blocks: int, block_size: int) -> KVCache:
         shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        return KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+        k, v = np.empty(shape, np.float32), np.empty(shape, np.float32)
+        # written now, not on first use: np.zeros maps pages lazily, and the first store into
+        # each fresh 2 MB page then faulted inside decode steps (6.6% of a busy core's samples)
+        k.fill(0)
+        v.fill(0)
+        return KVCache(k, v)
 
 
 def forward(
