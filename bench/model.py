@@ -19,11 +19,13 @@ import numpy as np
 from enginecore.batch import Batch, SeqChunk
 from enginecore.kernels import gemm
 from enginecore.model_runner import ModelRunner
-from shared.config import BUNDLED_MODEL
+from shared.config import BUNDLED_MODEL, EngineConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
-BLOCK = 16
+BLOCK = EngineConfig().block_size  # the core's default
+SEQ_BLOCKS = -(-288 // BLOCK)  # each decode sequence owns 288 slots, contiguous
+FIRST_BLOCK = -(-512 // BLOCK)  # the blocks before hold the 512-token prefill
 
 
 def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
@@ -62,14 +64,14 @@ def decode_batch(num_seqs: int, step: int, first_block: int) -> Batch:
     chunks = []
     for s in range(num_seqs):
         ctx = (150 if num_seqs == 1 else 128 + (s * 37) % 128) + step
-        table = list(range(first_block + s * 18, first_block + (s + 1) * 18))  # 288 slots
+        table = list(range(first_block + s * SEQ_BLOCKS, first_block + (s + 1) * SEQ_BLOCKS))
         chunks.append(SeqChunk([(s * 7 + step) % 1000 + 10], ctx, table, 1))
     return Batch.build(chunks, BLOCK)
 
 
 def prefill_calls(runner: ModelRunner, chunk: int) -> Callable[[], None]:
     ids = [(i * 13) % 40000 + 100 for i in range(512)]
-    table = list(range(32))
+    table = list(range(FIRST_BLOCK))
     batches = [
         Batch.build([SeqChunk(ids[a : a + chunk], a, table, int(a + chunk >= 512))], BLOCK)
         for a in range(0, 512, chunk)
@@ -93,7 +95,7 @@ def report(name: str, tokens: int, ours: tuple[float, float], blas: tuple[float,
 def after_prefill(runner: ModelRunner, repeat: int) -> None:
     """A batch-1 decode step right after a BLAS-mode step (BLAS's worker still spinning)."""
     prefill = prefill_calls(runner, 512)
-    batch = decode_batch(1, 0, 64)
+    batch = decode_batch(1, 0, FIRST_BLOCK)
     ts = []
     for _ in range(repeat):
         prefill()
@@ -144,7 +146,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     path = Path(args.model).expanduser()
-    runner = ModelRunner.from_path(path, BLOCK, 64 * 18 + 64, 0, 2048)
+    runner = ModelRunner.from_path(path, BLOCK, FIRST_BLOCK + 64 * SEQ_BLOCKS, 0, 2048)
     runner.warmup()
     rng = np.random.default_rng(0)
     for cache in (runner.cache.k, runner.cache.v):  # plausible contexts without a long prefill
@@ -160,7 +162,7 @@ def main() -> None:
             timed(blas_same_matmuls(runner, 512, 1), args.repeat),
         )
     for num_seqs in (1, 8, 32, 64):
-        batches = [decode_batch(num_seqs, step, 64) for step in range(args.repeat)]
+        batches = [decode_batch(num_seqs, step, FIRST_BLOCK) for step in range(args.repeat)]
         runner.run(batches[0])
         it = iter(batches * 2)
         ours = timed(lambda it=it: runner.run(next(it)), args.repeat)  # type: ignore[misc]
