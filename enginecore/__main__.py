@@ -65,6 +65,7 @@ def build(cfg: EngineConfig) -> Engine:
         client_timeout_s=cfg.client_timeout_s,
         queue_deadline_ms=cfg.queue_deadline_ms,
         step_delay_ms=cfg.step_delay_ms,
+        drain_timeout_s=cfg.drain_timeout_s,
     )
     log.info(
         "serving %s at %s: %d KV blocks of %d, max_model_len %d, ready in %.1f s",

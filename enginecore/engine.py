@@ -6,21 +6,20 @@ import logging
 import time
 from collections import defaultdict
 
-import numpy as np
-
 from enginecore.block_manager import BlockManager
 from enginecore.channel import Channel
 from enginecore.embedder import Embedder
 from enginecore.model_runner import ModelRunner
-from enginecore.request import FINISH_REASON, Request, invalid_params
+from enginecore.request import FINISH_REASON, Request, invalid_submit
 from enginecore.sampler import Sampler, make_generator
-from enginecore.scheduler import Scheduled, Scheduler
-from enginecore.spec import accept
+from enginecore.scheduler import Scheduler
+from enginecore.spec import emit
 from shared.protocol import (
     Abort,
     Bye,
     Embed,
     Embedded,
+    FinishReason,
     GetStats,
     Heartbeat,
     Hello,
@@ -51,6 +50,7 @@ class Engine:
         client_timeout_s: float,
         queue_deadline_ms: int,
         step_delay_ms: int,
+        drain_timeout_s: float = 30.0,
     ) -> None:
         self.channel = channel
         self.runner = runner
@@ -66,6 +66,8 @@ class Engine:
         self.clients: dict[bytes, float] = {}  # identity -> last time heard from
         self.owner: dict[str, Request] = {}  # rid -> live request
         self.draining = False
+        self.drain_timeout_s = drain_timeout_s
+        self.drain_deadline = float("inf")  # past it, a drain cuts what is still running
         self.batch_tokens = 0
         self.steps_total = 0
         self.spec_proposed = 0
@@ -77,13 +79,7 @@ class Engine:
         """Serve until drained; 0 after a drain, 1 after a fatal error (frontends are told)."""
         try:
             while not (self.draining and not self.scheduler.has_work()):
-                busy = self.scheduler.has_work()
-                for client, msg in self.channel.recv_all(0 if busy else IDLE_POLL_MS):
-                    self.handle(client, msg)
-                self.check_clients()
-                self.expire_waiting()
-                if self.scheduler.has_work():
-                    self.step()
+                self.turn()
         except Exception as e:
             log.exception("fatal error in the engine loop")
             self.broadcast(Shutdown(reason=f"engine core failed: {e}", fatal=True))
@@ -91,15 +87,40 @@ class Engine:
         self.broadcast(Shutdown(reason="drained", fatal=False))
         return 0
 
+    def turn(self) -> None:
+        """One pass: every pending message, liveness and deadlines, then a step if there is work."""
+        busy = self.scheduler.has_work()
+        for client, msg in self.channel.recv_all(0 if busy else IDLE_POLL_MS):
+            self.handle(client, msg)
+        self.check_clients()
+        self.expire_waiting()
+        self.cut_overdue_drain()
+        if self.scheduler.has_work():
+            self.step()
+
     def drain(self) -> None:
-        """Admit nothing new; the loop exits when running and waiting work is done."""
+        """Admit nothing new; the loop exits when running and waiting work is done, or after
+        drain_timeout_s, when what is left ends with finish reason `abort`."""
         if not self.draining:
             log.info(
-                "draining: %d running, %d waiting",
+                "draining: %d running, %d waiting, for at most %.0f s",
                 len(self.scheduler.running),
                 len(self.scheduler.waiting),
+                self.drain_timeout_s,
             )
+            self.drain_deadline = time.monotonic() + self.drain_timeout_s
         self.draining = True
+
+    def cut_overdue_drain(self) -> None:
+        if not self.owner or time.monotonic() < self.drain_deadline:
+            return
+        log.warning("drain timeout: aborting %d unfinished requests", len(self.owner))
+        cut: dict[bytes, list[TokenEvent]] = defaultdict(list)
+        for rid, req in list(self.owner.items()):
+            cut[req.client].append(TokenEvent(rid, [], FinishReason.ABORT))
+            self.abort(rid, req.client)
+        for client, events in cut.items():
+            self.channel.send(client, Step(events))
 
     def broadcast(self, msg: Shutdown) -> None:
         for client in self.clients:
@@ -116,7 +137,7 @@ class Engine:
                 self.submit(client, msg)
             case Abort(rids=rids):
                 for rid in rids:
-                    self.abort(rid)
+                    self.abort(rid, client)
             case Embed():
                 self.embed(client, msg)
             case GetStats():
@@ -151,40 +172,34 @@ class Engine:
         self.scheduler.add(req)
 
     def refusal(self, msg: Submit) -> tuple[RejectReason, str] | None:
-        n, limit, vocab = len(msg.prompt_ids), self.welcome.max_model_len, self.welcome.vocab_size
         if self.draining:
             return RejectReason.SHUTTING_DOWN, "the engine core is shutting down"
         if msg.rid in self.owner:
             return RejectReason.INVALID, f"request id {msg.rid!r} is already in use"
-        if n == 0 or msg.params.max_tokens < 1:
-            return (
-                RejectReason.INVALID,
-                "a request needs at least one prompt token and max_tokens >= 1",
-            )
-        if min(msg.prompt_ids) < 0 or max(msg.prompt_ids) >= vocab:
-            return RejectReason.INVALID, f"token ids must be in [0, {vocab})"
-        if (problem := invalid_params(msg.params)) is not None:
-            return RejectReason.INVALID, problem
-        if n + msg.params.max_tokens > limit:
-            return (
-                RejectReason.CONTEXT_LENGTH_EXCEEDED,
-                f"{n} prompt tokens + {msg.params.max_tokens} max_tokens exceed the context of {limit}",
-            )
-        if self.blocks.blocks_needed(n + msg.params.max_tokens) > self.blocks.num_blocks:
+        w = self.welcome
+        if bad := invalid_submit(msg.prompt_ids, msg.params, w.max_model_len, w.vocab_size):
+            return bad
+        if (
+            self.blocks.blocks_needed(len(msg.prompt_ids) + msg.params.max_tokens)
+            > self.blocks.num_blocks
+        ):
             return RejectReason.NO_CAPACITY, "the KV cache is too small for this request"
         if self.scheduler.queue_full():
             return RejectReason.QUEUE_FULL, "the admission queue is full"
         return None
 
-    def abort(self, rid: str) -> None:
-        if self.owner.pop(rid, None) is not None:
+    def abort(self, rid: str, client: bytes) -> None:
+        """Drop a request of `client`'s; another frontend's request of that id is left alone."""
+        req = self.owner.get(rid)
+        if req is not None and req.client == client:
+            del self.owner[rid]
             self.scheduler.abort(rid)
 
     def forget(self, client: bytes) -> None:
         """A frontend left or went silent: abort everything it owns."""
         self.clients.pop(client, None)
         for rid in [rid for rid, r in self.owner.items() if r.client == client]:
-            self.abort(rid)
+            self.abort(rid, client)
 
     def check_clients(self) -> None:
         cutoff = time.monotonic() - self.client_timeout_s
@@ -211,8 +226,10 @@ class Engine:
         if scheduled is None:
             return
         logits = self.runner.run(scheduled.batch)
-        emitted = self.sample(scheduled, logits)
-        finished = self.scheduler.update(scheduled, emitted)
+        emitted = emit(self.sampler, scheduled.requests, scheduled.chunks, logits)
+        self.spec_proposed += emitted.proposed
+        self.spec_accepted += emitted.accepted
+        finished = self.scheduler.update(scheduled, emitted.ids)
         self.batch_tokens = scheduled.batch.num_tokens
         self.steps_total += 1
         events: dict[bytes, list[TokenEvent]] = defaultdict(list)
@@ -237,34 +254,6 @@ class Engine:
             self.channel.send(client, Step(evs))
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
-
-    def sample(self, scheduled: Scheduled, logits: np.ndarray) -> list[list[int]]:
-        """The tokens each scheduled sequence emits, in batch order."""
-        starts = np.cumsum(
-            [0] + [c.num_sample for c in scheduled.chunks]
-        )  # first logits row of each
-        plain = [i for i, c in enumerate(scheduled.chunks) if c.num_sample == 1]
-        # every row sampled once (the usual decode step): no 12 MB copy of a (64, vocab) gather
-        rows = logits if len(plain) == logits.shape[0] else logits[starts[plain]]
-        tokens = self.sampler.sample(rows, [scheduled.requests[i] for i in plain])
-        plain_token = dict(zip(plain, tokens.tolist(), strict=True))
-        emitted: list[list[int]] = []
-        for i, (req, chunk) in enumerate(zip(scheduled.requests, scheduled.chunks, strict=True)):
-            rows = logits[starts[i] : starts[i] + chunk.num_sample]
-            if chunk.num_sample <= 1:
-                new = [plain_token[i]] if chunk.num_sample else []
-            else:
-                new = accept(self.sampler, rows, req, req.drafts)
-                self.spec_proposed += len(req.drafts)
-                self.spec_accepted += len(new) - 1
-            n_top = req.params.logprobs
-            req.new_logprobs = (
-                []
-                if n_top is None
-                else [self.sampler.logprobs_row(rows[j], t, n_top) for j, t in enumerate(new)]
-            )
-            emitted.append(new)
-        return emitted
 
     # ---- between steps -------------------------------------------------------------------
 

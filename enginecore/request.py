@@ -8,7 +8,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from shared.protocol import FinishReason, SamplingParams, TokenLogprob
+from shared.protocol import FinishReason, RejectReason, SamplingParams, TokenLogprob
 
 
 class RequestStatus(IntEnum):
@@ -51,6 +51,25 @@ def invalid_params(p: SamplingParams) -> str | None:
     penalties = (p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
     if not (all(map(math.isfinite, penalties)) and p.repetition_penalty > 0):
         return "penalties must be finite and repetition_penalty > 0"
+    return None
+
+
+def invalid_submit(
+    prompt_ids: list[int], p: SamplingParams, max_model_len: int, vocab_size: int
+) -> tuple[RejectReason, str] | None:
+    """Why no core could serve this request whatever its state, or None."""
+    n = len(prompt_ids)
+    if n == 0 or p.max_tokens < 1:
+        return RejectReason.INVALID, "a request needs at least one prompt token and max_tokens >= 1"
+    if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:
+        return RejectReason.INVALID, f"token ids must be in [0, {vocab_size})"
+    if (problem := invalid_params(p)) is not None:
+        return RejectReason.INVALID, problem
+    if n + p.max_tokens > max_model_len:
+        return (
+            RejectReason.CONTEXT_LENGTH_EXCEEDED,
+            f"{n} prompt tokens + {p.max_tokens} max_tokens exceed the context of {max_model_len}",
+        )
     return None
 
 

@@ -1,4 +1,5 @@
-"""Prompt-lookup speculative decoding: NgramProposer drafts, accept() verifies them.
+"""Prompt-lookup speculative decoding: NgramProposer drafts, accept() verifies them, and
+emit() turns a step's logits into each sequence's new tokens.
 
 The draft distribution is deterministic (q = one-hot on the draft), so standard speculative
 sampling reduces to: accept d_i with probability p_i(d_i), else emit a token from p_i with d_i
@@ -12,10 +13,13 @@ emitted token, and a seeded request emits the very tokens it would without specu
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from enginecore.batch import SeqChunk
+from enginecore.request import Request
 from enginecore.sampler import Distribution, Logits, RowInfo, Sampler, draw, is_greedy
 
 
@@ -93,3 +97,40 @@ def accept(sampler: Sampler, logits: Logits, row: RowInfo, drafts: Sequence[int]
     if is_greedy(row.params):
         return accept_greedy(drafts, sampler.target_ids(logits, row, drafts))
     return accept_sampled(drafts, sampler.target_probs(logits, row, drafts), row.generator)
+
+
+class Emitted(NamedTuple):
+    ids: list[list[int]]  # per scheduled sequence, in batch order
+    proposed: int  # drafts verified this step
+    accepted: int
+
+
+def emit(
+    sampler: Sampler, requests: Sequence[Request], chunks: Sequence[SeqChunk], logits: Logits
+) -> Emitted:
+    """The tokens each scheduled sequence emits from one forward pass, with their logprobs
+    set on the request: a plain sample per sampled row, or the accepted drafts and one more."""
+    starts = np.cumsum([0] + [c.num_sample for c in chunks])  # first logits row of each
+    plain = [i for i, c in enumerate(chunks) if c.num_sample == 1]
+    # every row sampled once (the usual decode step): no 12 MB copy of a (64, vocab) gather
+    rows = logits if len(plain) == logits.shape[0] else logits[starts[plain]]
+    tokens = sampler.sample(rows, [requests[i] for i in plain]).tolist()
+    plain_token = dict(zip(plain, tokens, strict=True))
+    ids: list[list[int]] = []
+    proposed = accepted = 0
+    for i, (req, chunk) in enumerate(zip(requests, chunks, strict=True)):
+        rows = logits[starts[i] : starts[i] + chunk.num_sample]
+        if chunk.num_sample <= 1:
+            new = [plain_token[i]] if chunk.num_sample else []
+        else:
+            new = accept(sampler, rows, req, req.drafts)
+            proposed += len(req.drafts)
+            accepted += len(new) - 1
+        n_top = req.params.logprobs
+        req.new_logprobs = (
+            []
+            if n_top is None
+            else [sampler.logprobs_row(rows[j], t, n_top) for j, t in enumerate(new)]
+        )
+        ids.append(new)
+    return Emitted(ids, proposed, accepted)
