@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
+
+if TYPE_CHECKING:
+    import gguf
 
 # GGUF token types (llama.cpp's llama_token_type)
 NORMAL = 1
@@ -62,15 +66,19 @@ def _checked_id(path: Path, key: str, value: int, num_tokens: int) -> int:
 # --- GGUF ---------------------------------------------------------------------------------
 
 
-def _read_gguf(path: Path) -> ModelCard:
-    # shared/ is stdlib + msgspec only; gguf is the one permitted exception, imported here so
-    # that importing shared never pulls it (or numpy) in.
-    import gguf
+@functools.lru_cache(maxsize=1)
+def gguf_reader(path: Path) -> gguf.GGUFReader:
+    """The parsed GGUF at `path`, shared by the core's loader and read_card (~1.8 s each)."""
+    import gguf  # shared's one third-party exception, here so importing shared never loads it
 
     try:
-        reader = gguf.GGUFReader(path)
+        return gguf.GGUFReader(path)
     except (ValueError, OSError) as e:
         raise ValueError(f"{path}: not a readable GGUF file: {e}") from e
+
+
+def _read_gguf(path: Path) -> ModelCard:
+    reader = gguf_reader(path)
 
     def field(key: str, required: bool = True) -> Any:
         f = reader.fields.get(key)
@@ -88,8 +96,7 @@ def _read_gguf(path: Path) -> ModelCard:
         raise ValueError(
             f"{path}: tokenizer.ggml.model = {model!r}; only 'gpt2' (byte-level BPE) is supported"
         )
-    tokens: list[str] = field("tokenizer.ggml.tokens")
-    num = len(tokens)
+    num = len(tokens := field("tokenizer.ggml.tokens"))
     token_types: list[int] = field("tokenizer.ggml.token_type", required=False) or [NORMAL] * num
     if len(token_types) != num:
         raise ValueError(f"{path}: {len(token_types)} token types for {num} tokens")
@@ -103,14 +110,10 @@ def _read_gguf(path: Path) -> ModelCard:
 
     bos_id = token_id("tokenizer.ggml.bos_token_id")
     eos_id = token_id("tokenizer.ggml.eos_token_id")
-    named = {
-        eos_id,
-        token_id("tokenizer.ggml.eot_token_id"),
-        token_id("tokenizer.ggml.eom_token_id"),
-    }
+    ends = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+    named = {eos_id, *(token_id(key) for key in ends)}
     eos_ids = _end_of_generation(tokens, token_types, {i for i in named if i is not None})
-    if eos_id is None and eos_ids:
-        eos_id = eos_ids[0]
+    eos_id = eos_ids[0] if eos_id is None and eos_ids else eos_id
     return ModelCard(
         tokens=tokens,
         token_types=[int(t) for t in token_types],

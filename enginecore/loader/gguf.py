@@ -10,6 +10,7 @@ import numpy.typing as npt
 
 from enginecore.model import ModelConfig
 from enginecore.weights import F32, LayerWeights, Matrix, Weights, concat_rows
+from shared.model_card import gguf_reader
 
 Q = gguf.GGMLQuantizationType
 
@@ -91,7 +92,7 @@ def unpermute_rows(num_rows: int, n_head: int) -> npt.NDArray[np.intp]:
 
 
 def load(path: Path) -> tuple[ModelConfig, Weights]:
-    reader = gguf.GGUFReader(path)
+    reader = gguf_reader(path)
     cfg = read_config(reader)
     tensors = {t.name: t for t in reader.tensors}
 
