@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import uuid
@@ -27,6 +28,7 @@ from shared.errors import ErrorCode, ServingError
 log = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER: Final = "X-Request-Id"
+BODY_TIMEOUT_S: Final = 30.0  # to receive a whole request body
 REQUEST_ID = web.RequestKey("request_id", str)
 CORE = web.AppKey("core", CoreClient)
 ADMISSION = web.AppKey("admission", Admission)
@@ -84,8 +86,9 @@ def _errors(metrics: Metrics | None) -> Middleware:
     return errors
 
 
-def _guard(api_keys: tuple[str, ...], admission: Admission) -> Middleware:
-    """API keys (if any), then the drain gate; /healthz passes both."""
+def _guard(api_keys: tuple[str, ...], admission: Admission, body_timeout_s: float) -> Middleware:
+    """API keys (if any), the drain gate, then the whole body within body_timeout_s (a client
+    that trickles it in holds no handler longer); /healthz passes all three."""
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -99,6 +102,15 @@ def _guard(api_keys: tuple[str, ...], admission: Admission) -> Middleware:
             ):
                 raise ServingError(ErrorCode.INVALID_API_KEY, "Incorrect API key provided.")
         with admission.admit():
+            if request.body_exists:
+                try:
+                    async with asyncio.timeout(body_timeout_s):
+                        await request.read()  # kept: the handler's read() returns it
+                except TimeoutError:
+                    raise ServingError(
+                        ErrorCode.REQUEST_TIMEOUT,
+                        f"The request body did not arrive within {body_timeout_s:g} s.",
+                    ) from None
             return await handler(request)
 
     return guard
@@ -138,14 +150,17 @@ def _share(app: web.Application, services: Services) -> None:
 
 
 def make_api_app(
-    services: Services, *, ping_interval_s: float = PING_INTERVAL_S
+    services: Services,
+    *,
+    ping_interval_s: float = PING_INTERVAL_S,
+    body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> web.Application:
     """The OpenAI API; it owns the core connection (cleanup_ctx)."""
     app = web.Application(
         client_max_size=services.config.max_body_bytes,
         middlewares=[
             _errors(services.metrics),
-            _guard(services.config.api_keys, services.admission),
+            _guard(services.config.api_keys, services.admission, body_timeout_s),
         ],
     )
     _share(app, services)

@@ -10,7 +10,7 @@ from typing import Final
 from aiohttp import web
 
 from frontend.admission import Admission
-from frontend.app import Services, make_api_app, make_health_app
+from frontend.app import BODY_TIMEOUT_S, Services, make_api_app, make_health_app
 from frontend.core_client import CoreClient
 from frontend.core_process import CoreProcess, core_argv
 from frontend.metrics import Metrics
@@ -46,6 +46,7 @@ class Server:
         ping_interval_s: float = PING_INTERVAL_S,
         core_stop_timeout_s: float = 30.0,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
+        body_timeout_s: float = BODY_TIMEOUT_S,
         workers: int = 1,
         role: WorkerRole | None = None,
     ) -> None:
@@ -70,7 +71,9 @@ class Server:
             keepalive_timeout=idle_timeout_s,
         )
         self._api = web.AppRunner(
-            make_api_app(self.services, ping_interval_s=ping_interval_s),
+            make_api_app(
+                self.services, ping_interval_s=ping_interval_s, body_timeout_s=body_timeout_s
+            ),
             handler_cancellation=True,
             shutdown_timeout=_HANDLER_GRACE_S,
             keepalive_timeout=idle_timeout_s,

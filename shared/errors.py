@@ -16,6 +16,7 @@ class ErrorCode(StrEnum):
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     REQUEST_TOO_LARGE = "request_too_large"
+    REQUEST_TIMEOUT = "request_timeout"
     INVALID_API_KEY = "invalid_api_key"
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
     NO_CAPACITY = "no_capacity"
@@ -36,6 +37,7 @@ _STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.NOT_FOUND: (404, "invalid_request_error"),
     ErrorCode.METHOD_NOT_ALLOWED: (405, "invalid_request_error"),
     ErrorCode.REQUEST_TOO_LARGE: (413, "invalid_request_error"),
+    ErrorCode.REQUEST_TIMEOUT: (408, "invalid_request_error"),
     ErrorCode.INVALID_API_KEY: (401, "invalid_request_error"),
     ErrorCode.RATE_LIMIT_EXCEEDED: (429, "rate_limit_error"),
     ErrorCode.NO_CAPACITY: (503, "service_unavailable_error"),

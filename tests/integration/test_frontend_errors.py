@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -206,3 +207,34 @@ async def test_api_keys(tiny: TinyModels) -> None:
         assert status == 200
         status, _, _ = await call("GET", s.health + "/readyz")
         assert status == 200
+
+
+async def test_a_body_trickled_in_too_slowly_gets_408_and_others_are_served(
+    tiny: TinyModels,
+) -> None:
+    async with serving(tiny.succ, body_timeout_s=0.5) as s:
+        port = s.api.rsplit(":", 1)[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(port))
+        body = b'{"model": "succ", "messages": []}'
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:5]  # and the rest never comes
+        )
+        await writer.drain()
+        status, doc, _ = await call("POST", s.api + CHAT, OK_CHAT)  # not held up meanwhile
+        assert status == 200, doc
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 408 "), head
+        length = int(
+            next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split(
+                b":"
+            )[1]
+        )
+        error = json.loads(await reader.readexactly(length))["error"]
+        assert (error["type"], error["code"], error["param"]) == (
+            "invalid_request_error",
+            "request_timeout",
+            None,
+        )
+        writer.close()
