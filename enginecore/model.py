@@ -116,9 +116,10 @@ def _forward(
     proj = np.empty((n, d), np.float32)
     gate_up = np.empty((n, 2 * cfg.intermediate_size), np.float32)
     act = np.empty((n, cfg.intermediate_size), np.float32)
-    plan = attention.plan(seq_of_token, BLAS_ATTENTION_MIN_ROWS if blas else None)
-    # many rows, and numba owns both cores (kernels/gemm.py): row ops split the rows too
+    # many rows, and numba owns both cores (kernels/gemm.py): row ops split the rows too, and
+    # long prefill chunks attend by sgemm
     split_rows = blas and gemm.AVAILABLE
+    plan = attention.plan(seq_of_token, BLAS_ATTENTION_MIN_ROWS if split_rows else None)
     rotate = ops.rope_parallel if split_rows else ops.rope
     add_rmsnorm = ops.add_rmsnorm_parallel if split_rows else ops.add_rmsnorm
     silu_mul = ops.silu_mul_parallel if split_rows else ops.silu_mul

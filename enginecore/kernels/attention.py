@@ -4,9 +4,9 @@ KV cache of one layer: k_cache, v_cache (n_blocks, block_size, n_kv_heads, head_
 A token's cache slot is block_table[pos // block_size] * block_size + pos % block_size.
 
 Two paths, chosen per sequence run by `plan`: the numba kernel (decodes, short chunks; one
-item per token streams its context's K and V blocks once for all heads), and,
-for long prefill chunks in a BLAS-mode batch, per kv head GEMMs over the gathered context
-(causally tiled) with a numba softmax between them.
+item per token streams its context's K and V blocks once for all heads), and, for long
+prefill chunks in a many-row step, sgemms per (query tile, head) over the gathered context,
+called from numba's threads (kernels/gemm.py), with the causal softmax between them.
 """
 
 from __future__ import annotations
@@ -133,61 +133,51 @@ def paged_attention(
                     out[t, h * head_dim + i] = a[h, i]
 
 
-@njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
-def causal_exp(s, first_pos, group, inv_den):
-    # s (rows, ctx) scaled q.k scores, in place -> exp(s - row max), zero past the causal
-    # limit; inv_den (rows,) <- 1 / row sum (applied to p @ v: a pass over hd, not ctx).
-    # Row r is the query at position first_pos + r // group, which sees keys 0..position.
+@njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
+def _causal_softmax(s, first_pos, scale):
+    # s (rows, ctx) q.k scores, in place -> softmax(scale * s) over the keys row r sees
+    # (0..first_pos + r), zero beyond
     rows, ctx = s.shape
-    for r in prange(rows):
-        lim = min(first_pos + r // group + 1, ctx)
+    for r in range(rows):
+        lim = min(first_pos + r + 1, ctx)
         m = np.float32(-1e30)  # not -inf: fastmath assumes finite values
         for p in range(lim):
             m = max(m, s[r, p])
         total = np.float32(0.0)
         for p in range(lim):
-            e = fast_exp(s[r, p] - m)
+            e = fast_exp((s[r, p] - m) * scale)
             s[r, p] = e
             total += e
-        inv_den[r] = np.float32(1.0) / total
+        inv = np.float32(1.0) / total
+        for p in range(lim):
+            s[r, p] *= inv
         for p in range(lim, ctx):
             s[r, p] = np.float32(0.0)
 
 
-def chunk_attention(
-    qkv: npt.NDArray[np.float32],
-    first: int,
-    end: int,
-    seq: int,
-    positions: npt.NDArray[np.int32],
-    block_tables: npt.NDArray[np.int32],
-    k_cache: npt.NDArray[np.float32],
-    v_cache: npt.NDArray[np.float32],
-    n_heads: int,
-    out: npt.NDArray[np.float32],
-) -> None:
-    """Rows first..end-1 (consecutive positions of one sequence) by BLAS over its context."""
-    block_size, n_kv, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+@njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
+def chunk_attention(qkv, first, end, first_pos, keys, values, n_heads, out, workers):
+    # Rows first..end-1 of qkv / out are consecutive positions first_pos.. of one sequence;
+    # keys, values (>= its context, n_kv, head_dim): its cache blocks, gathered. One item per
+    # (query tile, head): two single-threaded sgemms into a scratch scores tile, the causal
+    # softmax between them, the second writing straight into out's columns of the head.
+    # Workers take items round-robin, so each gets a share of every tile's heads.
+    n_kv, head_dim = keys.shape[1], keys.shape[2]
     group = n_heads // n_kv
-    ctx = int(positions[end - 1]) + 1
-    table = block_tables[seq, : -(-ctx // block_size)]
-    keys = k_cache[table].reshape(-1, n_kv, head_dim)  # (>= ctx, n_kv, head_dim) gathered
-    values = v_cache[table].reshape(-1, n_kv, head_dim)
     scale = np.float32(1.0 / math.sqrt(head_dim))
-    for ta in range(first, end, QUERY_TILE):
-        tb = min(ta + QUERY_TILE, end)
-        c = int(positions[tb - 1]) + 1  # this tile sees no key beyond its last query
-        for kvh in range(n_kv):
-            cols = slice(kvh * group * head_dim, (kvh + 1) * group * head_dim)
-            q = (qkv[ta:tb, cols] * scale).reshape(-1, head_dim)  # (m * group, hd), a copy
-            s = np.empty((q.shape[0], c), np.float32)
-            gemm.matmul_nt(q, keys[:c, kvh], s)
-            inv_den = np.empty(s.shape[0], np.float32)
-            causal_exp(s, int(positions[ta]), group, inv_den)
-            o = np.empty((q.shape[0], head_dim), np.float32)
-            gemm.matmul_nn(s, values[:c, kvh], o)
-            o *= inv_den[:, None]
-            out[ta:tb, cols] = o.reshape(tb - ta, group * head_dim)
+    n_items = n_heads * -(-(end - first) // QUERY_TILE)
+    for w in prange(workers):
+        for item in range(w, n_items, workers):
+            h, tile = item % n_heads, item // n_heads
+            ta = first + tile * QUERY_TILE
+            tb = min(ta + QUERY_TILE, end)
+            pos0 = first_pos + tile * QUERY_TILE
+            c = pos0 + tb - ta  # the tile sees no key beyond its last query
+            cols = h * head_dim
+            s = np.empty((tb - ta, c), np.float32)
+            gemm.sgemm_serial(qkv[ta:tb, cols : cols + head_dim], keys[:c, h // group], s, True)
+            _causal_softmax(s, pos0, scale)
+            gemm.sgemm_serial(s, values[:c, h // group], out[ta:tb, cols : cols + head_dim], False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +224,10 @@ def attend(
                 qkv, p.kernel_tokens, seq_of_token, positions, block_tables,
                 k_cache, v_cache, n_heads, out, workers,
             )  # fmt: skip
+    block_size = k_cache.shape[1]
     for first, end, seq in p.runs:
-        chunk_attention(
-            qkv, first, end, seq, positions, block_tables, k_cache, v_cache, n_heads, out
-        )
+        table = block_tables[seq, : -(-(int(positions[end - 1]) + 1) // block_size)]
+        keys = k_cache[table].reshape(-1, k_cache.shape[2], k_cache.shape[3])  # gathered
+        values = v_cache[table].reshape(-1, v_cache.shape[2], v_cache.shape[3])
+        workers = numba.get_num_threads()
+        chunk_attention(qkv, first, end, int(positions[first]), keys, values, n_heads, out, workers)

@@ -125,6 +125,22 @@ def _gemm(a, b, out, b_transposed, parts):
                 )  # fmt: skip
 
 
+@njit(cache=True, nogil=True, inline="always")
+def sgemm_serial(a, b, out, b_transposed):  # pragma: no cover - compiled
+    # out (m, n) = a (m, k) @ (b.T if b_transposed else b) on the calling thread, for numba
+    # kernels that split their work over threads themselves; rows may be strided, elements not
+    m, k = a.shape
+    n = out.shape[1]
+    lda = max(a.strides[0] // 4, k)
+    ldb = max(b.strides[0] // 4, k if b_transposed else n)
+    ldc = max(out.strides[0] // 4, n)
+    trans_b = _TRANS if b_transposed else _NO_TRANS
+    _sgemm(
+        _ROW_MAJOR, _NO_TRANS, trans_b, m, n, k, np.float32(1.0), a.ctypes.data, lda,
+        b.ctypes.data, ldb, np.float32(0.0), out.ctypes.data, ldc,
+    )  # fmt: skip
+
+
 def _unit_inner_stride(x: F32) -> F32:
     return x if x.strides[1] == 4 or x.shape[1] <= 1 else np.ascontiguousarray(x)
 

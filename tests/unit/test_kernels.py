@@ -162,6 +162,24 @@ def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: int) -> np
     return out.reshape(-1)
 
 
+def test_blas_attention_over_several_query_tiles_equals_the_kernel() -> None:
+    """A chunk of 2 tiles and a part (rows at positions 37..) after 37 cached tokens."""
+    n = 2 * attention.QUERY_TILE + 13
+    ctx = 37 + n
+    table = RNG.permutation(-(-ctx // BS) + 3)[: -(-ctx // BS)].astype(np.int32)[None]
+    k_cache, v_cache = randn(table.size + 3, BS, N_KV, HD), randn(table.size + 3, BS, N_KV, HD)
+    positions = np.arange(37, ctx, dtype=np.int32)
+    seq_of_token = np.zeros(n, np.int32)
+    qkv = randn(n, N_HEADS * HD + 2 * N_KV * HD)
+    outs = []
+    for min_run in (None, 16):
+        plan = attention.plan(seq_of_token, min_run)
+        out = np.full((n, N_HEADS * HD), np.nan, np.float32)
+        attention.attend(qkv, plan, seq_of_token, positions, table, k_cache, v_cache, N_HEADS, out)
+        outs.append(out)
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-5)
+
+
 def test_paged_and_blas_attention_equal_dense_attention() -> None:
     """Two sequences in scattered blocks: a 21-token prefill chunk after 6 cached and a decode."""
     n_blocks = 20
