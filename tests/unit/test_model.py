@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from enginecore.batch import Batch, SeqChunk
+from enginecore.kernels import gemm
 from enginecore.model_runner import ModelRunner
 from tests.conftest import TinyModels
 from tests.fixtures import reference
@@ -71,8 +72,13 @@ PROMPT = [
 ]
 
 
+@pytest.mark.parametrize("numba_calls_blas", [True, False])
 @pytest.mark.parametrize("which", ["hf", "gguf_f32", "gguf_quant"])
-def test_prefill_logits_equal_reference(tiny: TinyModels, which: str) -> None:
+def test_prefill_logits_equal_reference(
+    tiny: TinyModels, which: str, numba_calls_blas: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not numba_calls_blas:  # as where numpy's BLAS is not the bundled OpenBLAS
+        monkeypatch.setattr(gemm, "AVAILABLE", False)
     path = getattr(tiny, which)
     runner = runner_for(path)
     cfg, state = ref_for(path)
