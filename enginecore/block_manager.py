@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from enginecore.free_blocks import FreeBlocks
 from enginecore.radix_cache import RadixCache
 
 
@@ -47,7 +48,7 @@ class BlockManager:
         self.block_size = block_size
         self.prefix_cache = prefix_cache
         self.cache = RadixCache(block_size)  # stays empty when prefix_cache is off
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free = FreeBlocks(num_blocks)
         self._private: set[int] = set()
         self._live: dict[int, _Live] = {}  # id(block_table) -> its bookkeeping
         self.evictions_total = 0
@@ -103,7 +104,7 @@ class BlockManager:
             num_new = min(num_new, max_new_tokens)
         need = self.blocks_needed(match.num_tokens + num_new) - len(match.block_ids)
         self.cache.lock(match.block_ids)  # before taking blocks, so eviction spares them
-        new_blocks = self._take(need)
+        new_blocks = self._take(need, match.block_ids[-1] if match.block_ids else None)
         if new_blocks is None:
             self.cache.unlock(match.block_ids)
             return None
@@ -115,7 +116,7 @@ class BlockManager:
 
     def allocate_scratch(self, num_tokens: int) -> list[int] | None:
         """A private table for a one-off forward (embeddings); release it with free([], table)."""
-        blocks = self._take(self.blocks_needed(num_tokens))
+        blocks = self._take(self.blocks_needed(num_tokens), None)
         if blocks is None:
             return None
         self._live[id(blocks)] = _Live(blocks, 0)
@@ -125,7 +126,7 @@ class BlockManager:
         """Grow a live table to hold `num_tokens` slots; False, changing nothing, if short."""
         assert id(block_table) in self._live, "unknown block table"
         need = self.blocks_needed(num_tokens) - len(block_table)
-        new_blocks = self._take(need)
+        new_blocks = self._take(need, block_table[-1] if block_table else None)
         if new_blocks is None:
             return False
         block_table.extend(new_blocks)
@@ -152,7 +153,7 @@ class BlockManager:
         for i in range(start, num_full):
             self._private.remove(block_table[i])
             if tree_ids[i] != block_table[i]:
-                self._free.append(block_table[i])  # duplicate of a cached block
+                self._free.put(block_table[i])  # duplicate of a cached block
                 block_table[i] = tree_ids[i]
         self.cache.lock(tree_ids[start:num_full])
         live.num_published = num_full
@@ -171,11 +172,12 @@ class BlockManager:
         self.cache.unlock(block_table[: live.num_published])
         for block_id in block_table[live.num_published :]:
             self._private.remove(block_id)
-            self._free.append(block_id)
+            self._free.put(block_id)
         block_table.clear()
 
-    def _take(self, num_blocks: int) -> list[int] | None:
-        """Take blocks for private use, evicting LRU cached blocks if free ones run out."""
+    def _take(self, num_blocks: int, after: int | None) -> list[int] | None:
+        """Take blocks for private use, evicting LRU cached blocks if free ones run out; where
+        it can, they continue from block `after` (see FreeBlocks)."""
         if num_blocks <= 0:
             return []
         if num_blocks > self.num_available:
@@ -186,7 +188,7 @@ class BlockManager:
             assert len(evicted) == shortage
             self.evictions_total += shortage
             self._free.extend(evicted)
-        taken = [self._free.popleft() for _ in range(num_blocks)]
+        taken = self._free.take(num_blocks, after)
         self._private.update(taken)
         return taken
 
