@@ -39,9 +39,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_num_batched_tokens: int = 512
     prefill_chunk: int = 256  # 0 = whole prompts
     # kv cache
-    # 32, not 16: a decode step's attention reads each sequence's blocks, which sit scattered
-    # in the pool; longer contiguous runs stream faster (64 sequences: 0.79 -> 0.85 of the
-    # BLAS-matmul-only throughput, bench/README.md); a prefix is cached in 32-token steps
+    # 32, not 16: a decode's attention streams its sequence's blocks, and each jump between
+    # non-adjacent blocks costs a prefetcher restart; the allocator keeps a table's blocks
+    # adjacent where it can (enginecore/free_blocks.py), longer blocks bound the cost where
+    # it cannot (bench/README.md). A prefix is cached in 32-token steps.
     block_size: int = 32
     num_kv_blocks: int = 0  # 0 = sized from kv_cache_bytes
     kv_cache_bytes: int = 1 << 30
