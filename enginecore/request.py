@@ -91,6 +91,10 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     num_preemptions: int = 0
     drafts: list[int] = field(default_factory=list)  # speculative tokens fed this step
+    # how many drafts to propose next, and steps left without drafts (enginecore/spec.py)
+    draft_len: int = 2
+    draft_pause: int = 0
+    draft_backoff: int = 0
     # what the current step produced, for the event to the frontend
     new_ids: list[int] = field(default_factory=list)
     new_logprobs: list[TokenLogprob] = field(default_factory=list)

@@ -1,7 +1,8 @@
 """Scheduler: continuous batching under a sequence cap and a per-step token budget.
 
-Each step: running decodes first (one token each, plus speculative drafts), then prefill
-chunks of running requests, then new requests by priority. When blocks run out a decode
+Each step: running decodes first (one token each), then prefill chunks of running requests,
+then new requests by priority, then speculative drafts for the decodes from whatever budget
+and free slots are left (so drafting never delays anyone). When blocks run out a decode
 preempts the lowest-priority, newest running request (recompute: its blocks are freed,
 their full blocks stay in the prefix cache, and it waits at the head of its priority).
 """
@@ -14,7 +15,7 @@ from typing import NamedTuple
 from enginecore.batch import Batch, SeqChunk
 from enginecore.block_manager import BlockManager
 from enginecore.request import Request, RequestStatus
-from enginecore.spec import NgramProposer
+from enginecore.spec import NgramProposer, drafts_allowed, record_verification
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +86,12 @@ class Scheduler:
         for req in sorted(self.running, key=lambda r: (-r.priority, r.arrival)):
             if req.is_prefilling or req.status != RequestStatus.RUNNING or budget < 1:
                 continue
-            drafts = self._drafts(req, budget - 1)
-            if not self._reserve(req, req.num_tokens + len(drafts), chosen):
+            if not self._reserve(req, req.num_tokens, chosen):
                 continue
-            req.drafts = drafts
-            tokens = [req.last_token, *drafts]
-            chosen.append((req, SeqChunk(tokens, req.num_computed, req.block_table, len(tokens))))
-            budget -= len(tokens)
+            req.drafts = []
+            chosen.append((req, SeqChunk([req.last_token], req.num_computed, req.block_table, 1)))
+            budget -= 1
+        num_decodes = len(chosen)
         # 2. prefill chunks of running requests, then 3. waiting requests by priority
         for req in sorted(self.running, key=lambda r: (-r.priority, r.arrival)):
             if req.is_prefilling and req.status == RequestStatus.RUNNING:
@@ -110,6 +110,16 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             budget = self._schedule_prefill(req, budget, chosen)
+        # 4. speculative drafts for the decodes, from what is left: never at the expense of a
+        # decode, a prompt or a free block (a draft that does not fit is not proposed)
+        for i in range(num_decodes):
+            req, chunk = chosen[i]
+            drafts = self._drafts(req, budget)
+            if drafts and self.blocks.append_slots(req.block_table, req.num_tokens + len(drafts)):
+                req.drafts = drafts
+                tokens = [req.last_token, *drafts]
+                chosen[i] = (req, SeqChunk(tokens, chunk.start_pos, chunk.block_table, len(tokens)))
+                budget -= len(drafts)
         if not chosen:
             return None
         chunks = [c for _, c in chosen]
@@ -144,7 +154,7 @@ class Scheduler:
         )
         if room < 1:
             return []
-        return self.proposer.propose(req.all_ids)[:room]
+        return self.proposer.propose(req.all_ids)[: min(room, drafts_allowed(req))]
 
     def _reserve(
         self, req: Request, num_tokens: int, chosen: list[tuple[Request, SeqChunk]]
@@ -189,6 +199,8 @@ class Scheduler:
             # fed tokens are computed, except drafts beyond the accepted ones
             full_before = req.num_computed // self.blocks.block_size
             req.num_computed += len(chunk.token_ids) - len(req.drafts) + max(len(new) - 1, 0)
+            if req.drafts and self.proposer is not None:
+                record_verification(req, len(req.drafts), len(new) - 1, self.proposer.num_tokens)
             req.drafts = []
             req.new_ids = []
             for token in new:

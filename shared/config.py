@@ -49,7 +49,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     prefix_cache: Literal["radix", "none"] = "radix"
     # speculative decoding
     speculative: Literal["none", "prompt_lookup"] = "none"
-    spec_num_tokens: int = 4
+    spec_num_tokens: int = 16  # most drafts per step; each request adapts below it
     spec_ngram_max: int = 4
     spec_ngram_min: int = 2
     # processes

@@ -4,6 +4,8 @@ in test_scheduler_preemption.py."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -182,6 +184,26 @@ def test_drafts_never_pass_max_tokens() -> None:
     req = h.add("r", list(range(10)), max_tokens=3)
     h.run()
     assert len(req.output_ids) == 3
+    h.assert_outputs()
+
+
+def counting(ctx: Sequence[int]) -> int:
+    return (ctx[-1] + 1) % 10  # prompt lookup always guesses right: every draft is accepted
+
+
+def test_drafts_never_crowd_a_decode_out_of_the_step() -> None:
+    """8 counting decodes that keep asking for more drafts, on a 16-token budget: every decode
+    runs every step, and drafts only fill what is left."""
+    h = Harness(config(max_num_batched_tokens=16), proposer=NgramProposer(2, 1, 16), f=counting)
+    reqs = [h.add(f"r{i}", [*range(10), *range(10)], max_tokens=60) for i in range(8)]
+    while any(r.is_prefilling or r.status == RequestStatus.WAITING for r in reqs):
+        h.step()
+    for _ in range(6):
+        scheduled = h.step()
+        assert scheduled is not None
+        assert sorted(r.rid for r in scheduled.requests) == sorted(r.rid for r in reqs)
+        assert scheduled.batch.num_tokens == 16  # the 8 spare tokens went to drafts
+    h.run()
     h.assert_outputs()
 
 

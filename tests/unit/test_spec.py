@@ -9,8 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from enginecore.request import Request
 from enginecore.sampler import Sampler, make_generator
-from enginecore.spec import NgramProposer, accept, accept_greedy, accept_sampled
+from enginecore.spec import (
+    NgramProposer,
+    accept,
+    accept_greedy,
+    accept_sampled,
+    drafts_allowed,
+    record_verification,
+)
 from shared.protocol import SamplingParams
 
 CHI2_999 = {4: 18.47, 19: 43.82}  # chi-square critical values at p = 0.001, by degrees of freedom
@@ -176,3 +184,24 @@ def test_speculation_emits_several_tokens_per_step_on_repetitive_text() -> None:
         row.output_ids += accept(sampler, logits, row, drafts)
         steps += 1
     assert steps < 30  # a greedy toy model cycles, so prompt lookup must pay off
+
+
+def test_draft_length_follows_acceptance_and_pauses_after_a_miss() -> None:
+    params = SamplingParams(max_tokens=100)
+    req = Request("r", b"fe", [1], params, frozenset(), 0, 0.0, None, make_generator(0))
+    lengths = []
+    for proposed_ok in [True, True, True, True, False]:  # all accepted four times, then 1 of n
+        n = drafts_allowed(req)
+        lengths.append(n)
+        record_verification(req, n, n if proposed_ok else 1, max_drafts=16)
+    assert lengths == [2, 4, 8, 16, 16]
+    assert drafts_allowed(req) == 1  # cut to what was accepted
+    record_verification(req, 1, 0, max_drafts=16)  # a miss: 8 steps without drafts
+    assert [drafts_allowed(req) for _ in range(9)] == [0] * 8 + [1]
+    record_verification(req, 1, 0, max_drafts=16)  # missing again: the pause doubles
+    assert [drafts_allowed(req) for _ in range(17)] == [0] * 16 + [1]
+    for _ in range(5):
+        record_verification(req, 1, 0, max_drafts=16)
+    assert req.draft_pause == 64  # at most
+    record_verification(req, 1, 1, max_drafts=16)  # a hit ends the back-off
+    assert (req.draft_len, req.draft_backoff) == (2, 0)
