@@ -6,8 +6,8 @@ Prints, on the bundled model:
      steps cost only their fp32 matmuls in numpy BLAS (the prompts' prefill, then the decodes);
   2. time to first token of a request sharing a 1,000-token prefix with an earlier one,
      prefix cache on and off;
-  3. single-stream tokens/s on an input-repeating task, prompt lookup on and off (best of 3
-     runs each).
+  3. single-stream tokens/s with prompt lookup on and off (best of 3 runs each), on a task
+     that repeats its input and on one that does not.
 
     python -m bench.engine [--levels 1,4,16,64] [--out bench/out/engine.json]
 """
@@ -207,23 +207,28 @@ def prefix_ttft(prefix_cache: str, repeats: int = 5) -> float:
     return statistics.median(ttfts)
 
 
-def repeat_task_tokens_per_s(
-    speculative: str, tok: Tokenizer, template: ChatTemplate
-) -> tuple[float, int]:
-    text = template.render(
-        [{"role": "user", "content": f"Repeat this paragraph exactly:\n\n{PARAGRAPH}"}],
-        add_generation_prompt=True,
-    )
-    prompt = tok.encode(text)
-    rates = []
+# prompt-lookup tasks: one that repeats its input (drafts mostly right), one that does not
+TASKS = {
+    "repeat-the-paragraph": f"Repeat this paragraph exactly:\n\n{PARAGRAPH}",
+    "write-a-story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+}
+
+
+def task_tokens_per_s(speculative: str, prompts: list[list[int]]) -> list[tuple[float, int, int]]:
+    """Per prompt: best decode tokens/s of REPEAT_RUNS runs, drafts proposed and accepted per run."""
+    out = []
     with Core(speculative=speculative) as core:
-        core.run([prompt], SamplingParams(max_tokens=4, temperature=0.0))  # warm
-        warm_accepted = core.stats().spec_accepted_total
-        for _ in range(REPEAT_RUNS):  # best of a few: one run moved +-10% on this machine
-            r = core.run([prompt], SamplingParams(max_tokens=128, temperature=0.0))
-            rates.append(r["tokens"][0] / (r["done"][0] - r["ttft"][0]))
-        accepted = (core.stats().spec_accepted_total - warm_accepted) // REPEAT_RUNS
-    return max(rates), accepted
+        core.run(prompts[:1], SamplingParams(max_tokens=4, temperature=0.0))  # warm
+        for prompt in prompts:
+            before, rates = core.stats(), []
+            for _ in range(REPEAT_RUNS):  # best of a few: one run moved +-10% on this machine
+                r = core.run([prompt], SamplingParams(max_tokens=128, temperature=0.0))
+                rates.append(r["tokens"][0] / (r["done"][0] - r["ttft"][0]))
+            after = core.stats()
+            proposed = (after.spec_proposed_total - before.spec_proposed_total) // REPEAT_RUNS
+            accepted = (after.spec_accepted_total - before.spec_accepted_total) // REPEAT_RUNS
+            out.append((max(rates), proposed, accepted))
+    return out
 
 
 def main() -> None:
@@ -247,11 +252,20 @@ def main() -> None:
         Tokenizer(card),
         ChatTemplate(card.chat_template or "", card.bos_token, card.eos_token),
     )
-    spec_on, accepted = repeat_task_tokens_per_s("prompt_lookup", tok, template)
-    spec_off, _ = repeat_task_tokens_per_s("none", tok, template)
-    print(f"  repeat-the-paragraph task, 1 stream: prompt lookup {spec_on:.1f} tok/s, off {spec_off:.1f} tok/s, "
-          f"{spec_on / spec_off:.2f}x ({accepted} drafts accepted)")  # fmt: skip
-    result["prompt_lookup_tokens_per_s"] = {"on": spec_on, "off": spec_off, "accepted": accepted}
+    prompts = [
+        tok.encode(template.render([{"role": "user", "content": c}], add_generation_prompt=True))
+        for c in TASKS.values()
+    ]
+    spec_on = task_tokens_per_s("prompt_lookup", prompts)
+    spec_off = task_tokens_per_s("none", prompts)
+    lookup = {}
+    for name, (on_s, proposed, accepted), (off_s, _, _) in zip(
+        TASKS, spec_on, spec_off, strict=True
+    ):
+        print(f"  {name} task, 1 stream: prompt lookup {on_s:.1f} tok/s, off {off_s:.1f} tok/s, "
+              f"{on_s / off_s:.2f}x ({accepted} of {proposed} drafts accepted)")  # fmt: skip
+        lookup[name] = {"on": on_s, "off": off_s, "proposed": proposed, "accepted": accepted}
+    result["prompt_lookup_tokens_per_s"] = lookup
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
