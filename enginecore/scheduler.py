@@ -110,8 +110,8 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             budget = self._schedule_prefill(req, budget, chosen)
-        # 4. speculative drafts for the decodes, from what is left: never at the expense of a
-        # decode, a prompt or a free block (a draft that does not fit is not proposed)
+        # 4. speculative drafts for the decodes, from the budget left: never at the expense of a
+        # decode or a prompt, and never by preemption (drafts that do not fit are dropped)
         for i in range(num_decodes):
             req, chunk = chosen[i]
             drafts = self._drafts(req, budget)
