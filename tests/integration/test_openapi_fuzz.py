@@ -223,7 +223,10 @@ def test_fuzz_every_operation(server: LiveServer, record_property: Any) -> None:
     print(f"\nopenapi fuzz: {fuzzer.summary()}\nin {time.monotonic() - t0:.1f} s")
     record_property("openapi_fuzz_cases", fuzzer.cases)
     shown = "\n\n".join(fuzzer.failures[:6])
-    assert not fuzzer.failures, f"{len(fuzzer.failures)} of {fuzzer.cases} cases failed:\n{shown}"
+    assert not fuzzer.failures, (
+        f"{len(fuzzer.failures)} of {fuzzer.cases} cases failed:\n{shown}\n\n"
+        f"server log, last lines:\n{server.log()[-4000:]}"
+    )
     # the cases reached generation itself, not only the validation in front of it
     generated = sum(n for (op, _, out), n in fuzzer.outcomes.items() if (op, out) in GENERATED)
     assert generated >= 50, fuzzer.summary()
