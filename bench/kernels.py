@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 from collections.abc import Callable
 
 import numpy as np
 
+from bench.model import timed
 from enginecore.kernels import attention, ops, quant
 from tests.unit.test_kernels import q4_1_random
 
@@ -21,14 +21,8 @@ D, FFN, VOCAB, N_KV, HD, N_HEADS, BS = 576, 1536, 49152, 3, 64, 9, 16
 
 
 def best_ms(fn: Callable[[], object], repeat: int) -> float:
-    fn()
-    time.sleep(0.5)
-    ts = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return min(ts) * 1e3
+    fn()  # compile / warm
+    return timed(fn, repeat)[0] * 1e3
 
 
 def row(name: str, ours: float, numpy_ms: float) -> None:

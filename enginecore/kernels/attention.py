@@ -47,19 +47,19 @@ def store_kv(qkv, slot_mapping, q_dim, kv_dim, k_cache, v_cache):
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
-def _softmax_rows(sc, ctx):  # sc (group, >= ctx): rows 0..ctx-1 in place -> probabilities
-    for g in range(sc.shape[0]):
-        m = np.float32(-1e30)  # not -inf: fastmath assumes finite values
-        for p in range(ctx):
-            m = max(m, sc[g, p])
-        den = np.float32(0.0)
-        for p in range(ctx):
-            e = fast_exp(sc[g, p] - m)
-            sc[g, p] = e
-            den += e
-        inv = np.float32(1.0) / den
-        for p in range(ctx):
-            sc[g, p] *= inv
+def _softmax_row(s, r, lim, scale):
+    # s[r, :lim] in place -> softmax(scale * s[r, :lim])
+    m = np.float32(-1e30)  # not -inf: fastmath assumes finite values
+    for p in range(lim):
+        m = max(m, s[r, p])
+    total = np.float32(0.0)
+    for p in range(lim):
+        e = fast_exp((s[r, p] - m) * scale)
+        s[r, p] = e
+        total += e
+    inv = np.float32(1.0) / total
+    for p in range(lim):
+        s[r, p] *= inv
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
@@ -126,7 +126,8 @@ def paged_attention(
                 for i in range(head_dim):
                     q[h, i] = qkv[t, h * head_dim + i] * scale
             _scores(q, k_cache, block_tables[s], ctx, group, sc)
-            _softmax_rows(sc, ctx)
+            for h in range(n_heads):  # q was scaled already
+                _softmax_row(sc, h, ctx, np.float32(1.0))
             _weighted_values(sc, v_cache, block_tables[s], ctx, group, a)
             for h in range(n_heads):
                 for i in range(head_dim):
@@ -140,17 +141,7 @@ def _causal_softmax(s, first_pos, scale):
     rows, ctx = s.shape
     for r in range(rows):
         lim = min(first_pos + r + 1, ctx)
-        m = np.float32(-1e30)  # not -inf: fastmath assumes finite values
-        for p in range(lim):
-            m = max(m, s[r, p])
-        total = np.float32(0.0)
-        for p in range(lim):
-            e = fast_exp((s[r, p] - m) * scale)
-            s[r, p] = e
-            total += e
-        inv = np.float32(1.0) / total
-        for p in range(lim):
-            s[r, p] *= inv
+        _softmax_row(s, r, lim, scale)
         for p in range(lim, ctx):
             s[r, p] = np.float32(0.0)
 

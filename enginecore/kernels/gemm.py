@@ -86,51 +86,13 @@ _sgemm: Any = types.ExternalFunction(  # called only inside numba code
 )  # fmt: skip
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def _gemm(a, b, out, b_transposed, parts):
-    # out (m, n) = a (m, k) @ (b.T if b_transposed else b), in `parts` shares of the larger
-    # side; rows may be strided, elements not
-    m, k = a.shape
-    n = out.shape[1]
-    if m == 0 or n == 0:
-        return
-    if k == 0:
-        out[:] = 0
-        return
-    # leading dimensions as BLAS validates them (a one-row view may carry any row stride)
-    lda = max(a.strides[0] // 4, k)
-    ldb = max(b.strides[0] // 4, k if b_transposed else n)
-    ldc = max(out.strides[0] // 4, n)
-    trans_b = _TRANS if b_transposed else _NO_TRANS
-    split_n = n >= m  # each thread takes a share of the larger side
-    side = n if split_n else m
-    step = -(-side // parts)
-    step = -(-step // _SPLIT_ALIGN) * _SPLIT_ALIGN
-    for p in prange(parts):
-        lo = p * step
-        hi = min(side, lo + step)
-        if lo < hi:
-            if split_n:
-                b_off = lo * ldb if b_transposed else lo
-                _sgemm(
-                    _ROW_MAJOR, _NO_TRANS, trans_b, m, hi - lo, k, np.float32(1.0),
-                    a.ctypes.data, lda, b.ctypes.data + 4 * b_off, ldb,
-                    np.float32(0.0), out.ctypes.data + 4 * lo, ldc,
-                )  # fmt: skip
-            else:
-                _sgemm(
-                    _ROW_MAJOR, _NO_TRANS, trans_b, hi - lo, n, k, np.float32(1.0),
-                    a.ctypes.data + 4 * lo * lda, lda, b.ctypes.data, ldb,
-                    np.float32(0.0), out.ctypes.data + 4 * lo * ldc, ldc,
-                )  # fmt: skip
-
-
 @njit(cache=True, nogil=True, inline="always")
 def sgemm_serial(a, b, out, b_transposed):  # pragma: no cover - compiled
     # out (m, n) = a (m, k) @ (b.T if b_transposed else b) on the calling thread, for numba
     # kernels that split their work over threads themselves; rows may be strided, elements not
     m, k = a.shape
     n = out.shape[1]
+    # leading dimensions as BLAS validates them (a one-row view may carry any row stride)
     lda = max(a.strides[0] // 4, k)
     ldb = max(b.strides[0] // 4, k if b_transposed else n)
     ldc = max(out.strides[0] // 4, n)
@@ -139,6 +101,33 @@ def sgemm_serial(a, b, out, b_transposed):  # pragma: no cover - compiled
         _ROW_MAJOR, _NO_TRANS, trans_b, m, n, k, np.float32(1.0), a.ctypes.data, lda,
         b.ctypes.data, ldb, np.float32(0.0), out.ctypes.data, ldc,
     )  # fmt: skip
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _gemm(a, b, out, b_transposed, parts):
+    # out (m, n) = a (m, k) @ (b.T if b_transposed else b), in `parts` shares of the larger
+    # side, each one sgemm_serial on views; rows may be strided, elements not
+    m, k = a.shape
+    n = out.shape[1]
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        out[:] = 0
+        return
+    split_n = n >= m  # each thread takes a share of the larger side
+    side = n if split_n else m
+    step = -(-side // parts)
+    step = -(-step // _SPLIT_ALIGN) * _SPLIT_ALIGN
+    for p in prange(parts):
+        lo = p * step
+        hi = min(side, lo + step)
+        if lo < hi:
+            if not split_n:
+                sgemm_serial(a[lo:hi], b, out[lo:hi], b_transposed)
+            elif b_transposed:
+                sgemm_serial(a, b[lo:hi], out[:, lo:hi], True)
+            else:
+                sgemm_serial(a, b[:, lo:hi], out[:, lo:hi], False)
 
 
 def _unit_inner_stride(x: F32) -> F32:
