@@ -28,10 +28,8 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from frontend.chat_template import ChatTemplate
-from frontend.tokenizer import Tokenizer
+from frontend.text.chat_template import ChatTemplate
 from shared.config import BUNDLED_MODEL, EngineConfig
-from shared.model_card import read_card
 from shared.protocol import (
     GetStats,
     Heartbeat,
@@ -45,6 +43,8 @@ from shared.protocol import (
     encoder,
     frontend_decoder,
 )
+from shared.tokenizer import Tokenizer
+from shared.tokenizer_metadata import read_card
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_LEN = 32  # tokens per request of the throughput levels

@@ -20,8 +20,8 @@ from enginecore.scheduler import Scheduler, SchedulerConfig
 from enginecore.spec import NgramProposer
 from shared.config import ConfigError, EngineConfig, load
 from shared.log import setup_logging
-from shared.model_card import read_card
 from shared.protocol import Welcome
+from shared.tokenizer_metadata import read_card
 
 log = logging.getLogger("enginecore")
 

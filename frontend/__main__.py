@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import msgspec
 
-from frontend.chat_template import TemplateError
 from frontend.server import Server
+from frontend.text.chat_template import TemplateError
 from frontend.workers import WorkerRole
 from shared.config import ConfigError, EngineConfig, load
 

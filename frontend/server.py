@@ -9,13 +9,13 @@ from typing import Final
 
 from aiohttp import web
 
-from frontend.admission import Admission
-from frontend.app import BODY_TIMEOUT_S, Services, make_api_app, make_health_app
-from frontend.core_client import CoreClient
-from frontend.core_process import CoreProcess, core_argv
-from frontend.metrics import Metrics
-from frontend.routes_generate import PING_INTERVAL_S
-from frontend.served_model import ServedModel
+from frontend.api.admission import Admission
+from frontend.api.app import BODY_TIMEOUT_S, Services, make_api_app, make_health_app
+from frontend.api.completions import PING_INTERVAL_S
+from frontend.api.metrics import Metrics
+from frontend.core.client import CoreClient
+from frontend.core.process import CoreProcess, core_argv
+from frontend.text.served_model import ServedModel
 from frontend.workers import WorkerRole, Workers, worker_config
 from shared.config import EngineConfig, parse_listen
 

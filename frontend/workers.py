@@ -20,7 +20,7 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
-from frontend.core_process import die_with_parent
+from frontend.core.process import die_with_parent
 from shared.config import EngineConfig, parse_listen
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from frontend.chat_template import ChatTemplate, TemplateError
+from frontend.text.chat_template import ChatTemplate, TemplateError
 from shared.config import ConfigError, load
 from tests.conftest import TinyModels
 from tests.fixtures.live_server import (

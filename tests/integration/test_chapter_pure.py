@@ -1,5 +1,5 @@
 """The chapter's two pure tests: the chat template by hand, and the text stream byte by byte
-(detokenizer + stop-string holdback, through frontend.generation.Generation)."""
+(detokenizer + stop-string holdback, through frontend.text.generation.Generation)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from frontend.chat_template import DEFAULT_TEMPLATE, ChatTemplate
-from frontend.generation import Generation
+from frontend.text.chat_template import DEFAULT_TEMPLATE, ChatTemplate
+from frontend.text.generation import Generation
 from shared.config import BUNDLED_MODEL
-from shared.model_card import read_card
 from shared.protocol import FinishReason, TokenEvent
+from shared.tokenizer_metadata import read_card
 from tests.fixtures.byte_tokenizer import byte_tokenizer_json
 from tests.fixtures.chat_templates import SMOLLM_TEMPLATE
 from tests.fixtures.tiny_model import EOS, SPECIALS

@@ -10,14 +10,14 @@ import jinja2
 import jinja2.sandbox
 import pytest
 
-from frontend.chat_template import (
+from frontend.text.chat_template import (
     DEFAULT_TEMPLATE,
     ChatTemplate,
     TemplateError,
     TemplateRenderError,
 )
-from frontend.tokenizer import Tokenizer
-from shared.model_card import ModelCard, read_card
+from shared.tokenizer import Tokenizer
+from shared.tokenizer_metadata import ModelCard, read_card
 from tests.conftest import missing_bundled_model
 from tests.fixtures.chat_templates import LLAMA3, METHODS, MISTRAL, QWEN, SMOLLM_TEMPLATE, ZEPHYR
 

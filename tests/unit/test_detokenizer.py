@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from frontend.detokenizer import Detokenizer
+from frontend.text.detokenizer import Detokenizer
 
 
 def byte_decode(ids: list[int]) -> str:

@@ -12,7 +12,7 @@ import pytest
 from openai.types import Completion, CompletionUsage, CreateEmbeddingResponse, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from frontend.documents import (
+from frontend.openai.responses import (
     Head,
     ModelCard,
     TokenizeResponse,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from frontend.generation import Generation
-from frontend.routes_generate import context_budget
+from frontend.api.completions import context_budget
+from frontend.text.generation import Generation
 from shared.errors import ServingError
 from shared.protocol import FinishReason, TokenEvent, TokenLogprob
 

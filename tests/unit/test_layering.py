@@ -9,7 +9,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 THIRD_PARTY_OF = {
-    "shared": {"msgspec", "gguf"},  # gguf: shared/model_card.py reads GGUF metadata for both sides
+    # gguf: shared/tokenizer_metadata.py reads GGUF metadata for both sides; tokenizers:
+    # shared/tokenizer.py builds the one tokenizer both sides can use
+    "shared": {"msgspec", "gguf", "tokenizers"},
     "frontend": {
         "msgspec",
         "aiohttp",
@@ -32,8 +34,8 @@ MAY_IMPORT = {
 ONLY_IN = {
     "numba": ("enginecore/kernels/",),
     "llvmlite": ("enginecore/kernels/",),
-    "zmq": ("enginecore/channel.py", "frontend/core_client.py"),
-    "gguf": ("shared/model_card.py", "enginecore/loader/"),
+    "zmq": ("enginecore/channel.py", "frontend/core/"),
+    "gguf": ("shared/tokenizer_metadata.py", "enginecore/loader/"),
     "safetensors": ("enginecore/loader/",),
     "aiohttp": ("frontend/",),
 }

@@ -8,7 +8,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from shared.model_card import CONTROL, NORMAL, USER_DEFINED, read_card
+from shared.tokenizer_metadata import CONTROL, NORMAL, USER_DEFINED, read_card
 from tests.fixtures.byte_tokenizer import byte_tokenizer_json, byte_unicode_chars
 
 SMOLLM_GGUF = Path.home() / ".cache/tl-serve/SmolLM2-135M-Instruct.Q4_1.gguf"

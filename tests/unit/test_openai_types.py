@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from frontend.openai_types import (
+from frontend.openai.requests import (
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingRequest,

@@ -15,14 +15,14 @@ import schemathesis
 import yaml
 from aiohttp import web
 
-from frontend import documents as docs
-from frontend import openai_types as types
-from frontend.admission import Admission
-from frontend.app import Services, make_api_app, make_health_app
-from frontend.core_client import CoreClient
-from frontend.metrics import Metrics
-from frontend.served_model import ServedModel
-from frontend.validation import MAX_LOGPROBS, MAX_STOP
+from frontend.api.admission import Admission
+from frontend.api.app import Services, make_api_app, make_health_app
+from frontend.api.metrics import Metrics
+from frontend.core.client import CoreClient
+from frontend.openai import requests as types
+from frontend.openai import responses as docs
+from frontend.openai.validation import MAX_LOGPROBS, MAX_STOP
+from frontend.text.served_model import ServedModel
 from shared.config import EngineConfig, parse_listen
 from shared.errors import ErrorCode, ServingError
 from shared.protocol import TokenLogprob, TopLogprob

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from frontend.stops import StopMatcher
+from frontend.text.stops import StopMatcher
 
 
 def reference_cut(text: str, stops: list[str]) -> tuple[str, bool]:

@@ -8,8 +8,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from frontend.tokenizer import Tokenizer
-from shared.model_card import CONTROL, NORMAL, read_card
+from shared.tokenizer import Tokenizer
+from shared.tokenizer_metadata import CONTROL, NORMAL, read_card
 from tests.conftest import missing_bundled_model
 from tests.fixtures.byte_tokenizer import byte_tokenizer_json, byte_unicode_chars
 

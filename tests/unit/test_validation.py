@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from frontend.openai_types import (
+from frontend.openai.requests import (
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingRequest,
     TokenizeRequest,
     decode_request,
 )
-from frontend.validation import (
+from frontend.openai.validation import (
     completion_prompt,
     embedding_inputs,
     parse_priority,

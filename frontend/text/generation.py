@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from frontend.detokenizer import Detokenizer
-from frontend.stops import StopMatcher
+from frontend.text.detokenizer import Detokenizer
+from frontend.text.stops import StopMatcher
 from shared.protocol import FinishReason, TokenEvent, TokenLogprob
 
 

@@ -13,14 +13,14 @@ from typing import Final
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from frontend.admission import Admission
-from frontend.core_client import CoreClient
-from frontend.core_process import CoreProcess
-from frontend.metrics import Metrics
-from frontend.responses import error_response
-from frontend.routes_generate import PING_INTERVAL_S, GenerateRoutes
-from frontend.routes_other import ApiRoutes, HealthRoutes, healthz
-from frontend.served_model import ServedModel
+from frontend.api.admission import Admission
+from frontend.api.completions import PING_INTERVAL_S, GenerateRoutes
+from frontend.api.json_response import error_response
+from frontend.api.metrics import Metrics
+from frontend.api.routes_other import ApiRoutes, HealthRoutes, healthz
+from frontend.core.client import CoreClient
+from frontend.core.process import CoreProcess
+from frontend.text.served_model import ServedModel
 from frontend.workers import Workers
 from shared.config import EngineConfig
 from shared.errors import ErrorCode, ServingError

@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
-from frontend.core_client import CoreClient
+from frontend.core.client import CoreClient
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
-from frontend.openai_types import (
+from frontend.openai.requests import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from shared.model_card import CONTROL, USER_DEFINED, ModelCard
+from shared.tokenizer_metadata import CONTROL, USER_DEFINED, ModelCard
 
 
 def _from_gguf(card: ModelCard) -> HFTokenizer:

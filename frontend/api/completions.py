@@ -10,18 +10,15 @@ from typing import Final
 
 from aiohttp import web
 
-from frontend import documents as docs
-from frontend.chat_template import TemplateRenderError
-from frontend.core_client import CoreClient
-from frontend.formats import ChatFormat, Format, TextFormat
-from frontend.generation import Generation, Piece
-from frontend.metrics import Metrics, RequestTimer
-from frontend.openai_types import ChatCompletionRequest, CompletionRequest, decode_request
-from frontend.request_stream import RequestStream
-from frontend.responses import json_response
-from frontend.served_model import ServedModel
-from frontend.sse import SSEStream
-from frontend.validation import (
+from frontend.api.json_response import json_response
+from frontend.api.metrics import Metrics, RequestTimer
+from frontend.api.sse import SSEStream
+from frontend.core.client import CoreClient
+from frontend.core.stream import RequestStream
+from frontend.openai import responses as docs
+from frontend.openai.formats import ChatFormat, Format, TextFormat
+from frontend.openai.requests import ChatCompletionRequest, CompletionRequest, decode_request
+from frontend.openai.validation import (
     PRIORITY_HEADER,
     GenerateRequest,
     check_num_messages,
@@ -35,6 +32,9 @@ from frontend.validation import (
     validate_chat,
     validate_completion,
 )
+from frontend.text.chat_template import TemplateRenderError
+from frontend.text.generation import Generation, Piece
+from frontend.text.served_model import ServedModel
 from shared.errors import ErrorCode, ServingError
 from shared.protocol import TokenEvent, TokenLogprob, Welcome
 

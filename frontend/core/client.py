@@ -12,7 +12,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from frontend.request_stream import RequestStream, rejection_error, unavailable
+from frontend.core.stream import RequestStream, rejection_error, unavailable
 from shared import protocol
 from shared.errors import ErrorCode, ServingError
 from shared.protocol import (

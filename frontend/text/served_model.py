@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 from typing import Final
 
-from frontend.chat_template import DEFAULT_TEMPLATE, ChatTemplate
-from frontend.documents import ModelCard
-from frontend.tokenizer import Tokenizer
+from frontend.openai.responses import ModelCard
+from frontend.text.chat_template import DEFAULT_TEMPLATE, ChatTemplate
 from shared.errors import ErrorCode, ServingError
-from shared.model_card import read_card
+from shared.tokenizer import Tokenizer
+from shared.tokenizer_metadata import read_card
 
 OWNED_BY: Final = "tl-serve"
 LONG_TEXT_CHARS: Final = (

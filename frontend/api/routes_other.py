@@ -7,15 +7,13 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from frontend import documents as docs
-from frontend.admission import Admission
-from frontend.chat_template import TemplateRenderError
-from frontend.core_client import CoreClient
-from frontend.metrics import CONTENT_TYPE, Metrics
-from frontend.openai_types import EmbeddingRequest, TokenizeRequest, decode_request
-from frontend.responses import json_response
-from frontend.served_model import ServedModel
-from frontend.validation import (
+from frontend.api.admission import Admission
+from frontend.api.json_response import json_response
+from frontend.api.metrics import CONTENT_TYPE, Metrics
+from frontend.core.client import CoreClient
+from frontend.openai import responses as docs
+from frontend.openai.requests import EmbeddingRequest, TokenizeRequest, decode_request
+from frontend.openai.validation import (
     check_num_messages,
     embedding_inputs,
     invalid,
@@ -23,6 +21,8 @@ from frontend.validation import (
     validate_embedding,
     validate_tokenize,
 )
+from frontend.text.chat_template import TemplateRenderError
+from frontend.text.served_model import ServedModel
 from shared.errors import ErrorCode, ServingError
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from frontend import documents as docs
-from frontend.generation import Piece
+from frontend.openai import responses as docs
+from frontend.text.generation import Piece
 from shared.protocol import TokenLogprob
 
 TokenBytes = Callable[[int], bytes]
