@@ -60,7 +60,8 @@ class Server:
             command = core_argv(config_path) if argv is None else argv
             process = CoreProcess(command, core, stop_timeout_s=core_stop_timeout_s)
         self.workers = Workers(workers - 1, config_path) if workers > 1 else None
-        self.services = Services(config, model, core, Admission(), Metrics(), process, self.workers)
+        peers = None if self.workers is None else self.workers.scrape
+        self.services = Services(config, model, core, Admission(), Metrics(), process, peers)
         self._role = role
         self._reuse_port = workers > 1 or role is not None
         # handler_cancellation: a client that leaves cancels its handler, whose finally aborts

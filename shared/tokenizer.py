@@ -1,11 +1,30 @@
-"""Text to token ids and back, with HF `tokenizers`, built from a ModelCard."""
+"""The model's tokenizer, built from its metadata for both processes: text to token ids and
+back (HF `tokenizers`), and the raw bytes of every token id."""
 
 from __future__ import annotations
+
+import re
+from typing import Final
 
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from shared.tokenizer_metadata import CONTROL, USER_DEFINED, ModelCard
+
+_BYTE_FALLBACK: Final = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's printable stand-in char -> the byte it stands for (ByteLevel's alphabet)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    printable += range(ord("®"), ord("ÿ") + 1)
+    chars = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return {char: b for b, char in chars.items()}
 
 
 def _from_gguf(card: ModelCard) -> HFTokenizer:
@@ -47,6 +66,8 @@ class Tokenizer:
         self.eos_token = card.eos_token
         self._add_bos = card.add_bos
         self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
+        self._alphabet = _byte_level_alphabet()
+        self._added = {i: t.content for i, t in self.hf.get_added_tokens_decoder().items()}
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of text; add_special_tokens prepends BOS if the model asks for it (never EOS)."""
@@ -68,6 +89,23 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         """The id of a vocabulary entry, None if there is none."""
         return self.hf.token_to_id(token)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes of one token (a token may hold part of a character); b"" if unknown."""
+        added = self._added.get(token_id)
+        if added is not None:
+            return added.encode()
+        piece = self.id_to_token(token_id) or ""
+        fallback = _BYTE_FALLBACK.fullmatch(piece)
+        if fallback is not None:
+            return bytes([int(fallback[1], 16)])
+        if all(c in self._alphabet for c in piece):
+            return bytes(self._alphabet[c] for c in piece)
+        return piece.replace("\u2581", " ").encode()  # SentencePiece's word marker
+
+    def vocabulary(self) -> list[bytes]:
+        """The raw bytes of every token id, 0 .. vocab_size - 1 (for grammar masks)."""
+        return [self.token_bytes(i) for i in range(self.vocab_size)]
 
     def new_decode_stream(self, skip_special_tokens: bool) -> decoders.DecodeStream:
         """A fresh incremental decoder; feed it with `stream.step(tokenizer.hf, token_id)`."""

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
-if TYPE_CHECKING:
-    import gguf
+from shared.eos import end_of_generation_ids
+from shared.gguf_file import gguf_reader
 
 # GGUF token types (llama.cpp's llama_token_type)
 NORMAL = 1
 CONTROL = 3
 USER_DEFINED = 4
 UNUSED = 5
-
-# Special tokens that end a turn: llama.cpp's end-of-generation set, so a model whose metadata
-# names only one of them (or the wrong one) still stops where its chat format says it does.
-END_OF_GENERATION_TEXTS = frozenset(
-    {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>"}
-)
 
 
 class ModelCard(msgspec.Struct, frozen=True):
@@ -50,11 +43,10 @@ def read_card(path: Path) -> ModelCard:
 
 
 def _end_of_generation(tokens: list[str], token_types: list[int], ids: set[int]) -> list[int]:
-    eog = set(ids)
-    for i, (text, kind) in enumerate(zip(tokens, token_types, strict=True)):
-        if kind == CONTROL and text in END_OF_GENERATION_TEXTS:
-            eog.add(i)
-    return sorted(eog)
+    specials = {
+        i: t for i, (t, k) in enumerate(zip(tokens, token_types, strict=True)) if k == CONTROL
+    }
+    return end_of_generation_ids(ids, specials)
 
 
 def _checked_id(path: Path, key: str, value: int, num_tokens: int) -> int:
@@ -64,17 +56,6 @@ def _checked_id(path: Path, key: str, value: int, num_tokens: int) -> int:
 
 
 # --- GGUF ---------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=1)
-def gguf_reader(path: Path) -> gguf.GGUFReader:
-    """The parsed GGUF at `path`, shared by the core's loader and read_card (~1.8 s each)."""
-    import gguf  # shared's one third-party exception, here so importing shared never loads it
-
-    try:
-        return gguf.GGUFReader(path)
-    except (ValueError, OSError) as e:
-        raise ValueError(f"{path}: not a readable GGUF file: {e}") from e
 
 
 def _read_gguf(path: Path) -> ModelCard:

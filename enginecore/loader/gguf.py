@@ -10,7 +10,7 @@ import numpy.typing as npt
 
 from enginecore.model import ModelConfig
 from enginecore.weights import F32, LayerWeights, Matrix, Weights, concat_rows
-from shared.tokenizer_metadata import gguf_reader
+from shared.gguf_file import gguf_reader
 
 Q = gguf.GGMLQuantizationType
 

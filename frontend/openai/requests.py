@@ -114,6 +114,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
 
 
 Request = ChatCompletionRequest | CompletionRequest | EmbeddingRequest | TokenizeRequest
+GenerateRequest = ChatCompletionRequest | CompletionRequest
 R = TypeVar("R", ChatCompletionRequest, CompletionRequest, EmbeddingRequest, TokenizeRequest)
 
 # Decoders are immutable and costly to build: one per request type.

@@ -1,4 +1,4 @@
-"""Checks on decoded OpenAI requests, and their translation into SamplingParams.
+"""Checks on decoded OpenAI requests: ranges, unsupported fields, prompts and inputs.
 
 Every check raises ServingError: 400 invalid_value for a value out of range, 422
 unsupported_parameter for something OpenAI serves and this server does not.
@@ -15,22 +15,16 @@ from frontend.openai.requests import (
     ChatMessage,
     CompletionRequest,
     EmbeddingRequest,
+    GenerateRequest,
     TokenizeRequest,
 )
 from shared.errors import ErrorCode, ServingError
-from shared.protocol import SamplingParams
 
 ROLES: Final = frozenset({"system", "user", "assistant", "tool", "developer"})
 MAX_STOP: Final = 4
 MAX_LOGPROBS: Final = 20
-# Above any vocabulary: a larger top_k means "off", a larger stop id can never be sampled. Both
-# are cut to this so the Submit always encodes (msgspec refuses ints beyond 64 bits).
-MAX_TOKEN_ID: Final = 2**31 - 1
-DEFAULT_COMPLETION_MAX_TOKENS: Final = 16
 PRIORITY_HEADER: Final = "X-TL-Priority"
 _INTEGER: Final = re.compile(r"\s*[+-]?[0-9]{1,9}\s*")
-
-GenerateRequest = ChatCompletionRequest | CompletionRequest
 
 
 def invalid(param: str | None, message: str) -> ServingError:
@@ -162,34 +156,6 @@ def _validate_messages(messages: list[ChatMessage]) -> None:
                 )
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Validated messages as the chat template sees them; text parts joined by newlines."""
-    rendered = []
-    for message in messages:
-        if message.content is None:
-            content = ""
-        elif isinstance(message.content, str):
-            content = message.content
-        else:
-            content = "\n".join(part.text or "" for part in message.content)
-        rendered.append({"role": message.role, "content": content})
-    return rendered
-
-
-def stop_strings(req: GenerateRequest) -> list[str]:
-    if req.stop is None:
-        return []
-    stops = [req.stop] if isinstance(req.stop, str) else req.stop
-    return [s for s in stops if s]
-
-
-def requested_max_tokens(req: GenerateRequest) -> int | None:
-    """The client's token limit; None (chat only) means what is left of the context."""
-    if isinstance(req, CompletionRequest):
-        return DEFAULT_COMPLETION_MAX_TOKENS if req.max_tokens is None else req.max_tokens
-    return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-
-
 def completion_prompt(req: CompletionRequest) -> str | list[int]:
     """The single prompt of a completion request: text, or token ids."""
     prompt: str | list[int] | list[str | int | list[int]] = req.prompt
@@ -232,35 +198,6 @@ def _token_ids(param: str, ids: Sequence[object]) -> list[int]:
     if not checked or len(checked) != len(ids):
         raise invalid(param, f"'{param}' must hold non-negative token ids.")
     return checked
-
-
-def to_sampling_params(
-    req: GenerateRequest, max_tokens: int, eos_ids: Sequence[int]
-) -> SamplingParams:
-    """Translate a validated request; `max_tokens` is already resolved against the context."""
-    if isinstance(req, ChatCompletionRequest):
-        logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    else:
-        logprobs = req.logprobs
-    ignore_eos = bool(req.ignore_eos)
-    stop_ids = () if ignore_eos else tuple(eos_ids)
-    extra = tuple(i for i in (req.stop_token_ids or ()) if i not in stop_ids and i <= MAX_TOKEN_ID)
-    top_k = min(req.top_k, MAX_TOKEN_ID) if req.top_k is not None and req.top_k > 0 else 0
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=top_k,
-        min_p=req.min_p or 0.0,
-        # Any integer seeds; the core sees it as an unsigned 64-bit number.
-        seed=None if req.seed is None else req.seed % (1 << 64),
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-        stop_token_ids=stop_ids + extra,
-        ignore_eos=ignore_eos,
-        logprobs=logprobs,
-    )
 
 
 def parse_priority(value: str | None) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from frontend.api.completions import context_budget
+from frontend.openai.conversion import context_budget
 from frontend.text.generation import Generation
 from shared.errors import ServingError
 from shared.protocol import FinishReason, TokenEvent, TokenLogprob

@@ -1,4 +1,5 @@
-"""Import rules of STYLE.md §3.4, checked on the source with ast."""
+"""Import rules: which package, and which room of the frontend, may import what; checked on the
+source with ast."""
 
 from __future__ import annotations
 
@@ -9,19 +10,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 THIRD_PARTY_OF = {
-    # gguf: shared/tokenizer_metadata.py reads GGUF metadata for both sides; tokenizers:
+    # gguf: shared/gguf_file.py opens GGUF files for both sides; tokenizers:
     # shared/tokenizer.py builds the one tokenizer both sides can use
     "shared": {"msgspec", "gguf", "tokenizers"},
-    "frontend": {
-        "msgspec",
-        "aiohttp",
-        "zmq",
-        "tokenizers",
-        "minijinja",
-        "prometheus_client",
-        "multidict",
-        "yarl",
-    },
+    "frontend": {"msgspec", "aiohttp", "zmq", "minijinja", "prometheus_client"},
     "enginecore": {"msgspec", "numpy", "numba", "llvmlite", "zmq", "gguf", "safetensors"},
 }
 FIRST_PARTY = {"shared", "frontend", "enginecore"}
@@ -30,14 +22,25 @@ MAY_IMPORT = {
     "frontend": {"shared", "frontend"},
     "enginecore": {"shared", "enginecore"},
 }
+# The frontend's rooms and the rooms each may import (besides shared). The process entry
+# points at the top (__main__, server, workers) may import every room; no room imports them.
+ROOMS_OF = {
+    "frontend/text/": {"frontend.text"},
+    "frontend/core/": {"frontend.core"},
+    "frontend/openai/": {"frontend.openai", "frontend.text"},
+    "frontend/api/": {"frontend.api", "frontend.openai", "frontend.text", "frontend.core"},
+}
 # the only modules that may use these
 ONLY_IN = {
     "numba": ("enginecore/kernels/",),
     "llvmlite": ("enginecore/kernels/",),
     "zmq": ("enginecore/channel.py", "frontend/core/"),
-    "gguf": ("shared/tokenizer_metadata.py", "enginecore/loader/"),
+    "gguf": ("shared/gguf_file.py", "enginecore/loader/"),
     "safetensors": ("enginecore/loader/",),
-    "aiohttp": ("frontend/",),
+    "tokenizers": ("shared/tokenizer.py",),
+    "minijinja": ("frontend/text/",),
+    "prometheus_client": ("frontend/api/",),
+    "aiohttp": ("frontend/api/", "frontend/server.py", "frontend/workers.py"),
 }
 KERNELS_MAY_IMPORT = {"numpy", "numba", "llvmlite"}  # and the standard library, and each other
 
@@ -64,6 +67,11 @@ def stdlib(name: str) -> bool:
     return name in sys.stdlib_module_names or name == "__future__"
 
 
+def room(rel: str) -> str | None:
+    """The frontend room a source file is in, None for the entry points and other packages."""
+    return next((r for r in ROOMS_OF if rel.startswith(r)), None)
+
+
 SOURCES = sorted(p for pkg in FIRST_PARTY for p in (ROOT / pkg).rglob("*.py"))
 
 
@@ -87,6 +95,19 @@ def test_imports_follow_the_layering(path: Path) -> None:
             and m.split(".")[0] not in KERNELS_MAY_IMPORT
         }  # fmt: skip
         assert not extra, f"{rel} imports {extra}"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in SOURCES if room(str(p.relative_to(ROOT)))],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_frontend_rooms_import_only_the_rooms_below_them(path: Path) -> None:
+    rel = str(path.relative_to(ROOT))
+    allowed = ROOMS_OF[room(rel) or ""]
+    for name in modules(path):
+        if name.split(".")[0] == "frontend":
+            assert ".".join(name.split(".")[:2]) in allowed, f"{rel} imports {name}"
 
 
 def test_no_file_over_300_lines() -> None:

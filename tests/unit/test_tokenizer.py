@@ -1,4 +1,5 @@
-"""Tokenizer: SmolLM2's GGUF against llama.cpp's reference ids, and the tiny byte tokenizer."""
+"""Tokenizer: SmolLM2's GGUF against llama.cpp's reference ids, the tiny byte tokenizer, and
+the raw bytes of every token id."""
 
 from __future__ import annotations
 
@@ -67,6 +68,22 @@ def test_smollm_digits_are_split(smollm: Tokenizer) -> None:
     assert [smollm.id_to_token(i) for i in ids] == list("12345")
 
 
+@pytest.mark.parametrize(
+    "text", ["hello world", "héllo wörld 😀 ok", "日本語のテキスト", " a\n\tb"]
+)
+def test_smollm_token_bytes_concatenate_to_the_utf8_text(smollm: Tokenizer, text: str) -> None:
+    # a token may hold part of a character: only the concatenation is valid UTF-8
+    assert b"".join(smollm.token_bytes(i) for i in smollm.encode(text)) == text.encode()
+
+
+def test_smollm_vocabulary_is_the_bytes_of_every_id(smollm: Tokenizer) -> None:
+    vocabulary = smollm.vocabulary()
+    assert len(vocabulary) == smollm.vocab_size
+    assert vocabulary[33662] == smollm.token_bytes(33662) == b" hello"
+    assert vocabulary[2] == b"<|im_end|>"  # a special token is its text
+    assert smollm.token_bytes(smollm.vocab_size) == b""  # past the vocabulary
+
+
 def stream_text(tokenizer: Tokenizer, ids: list[int], skip_special_tokens: bool) -> str:
     stream = tokenizer.new_decode_stream(skip_special_tokens)
     pieces = [stream.step(tokenizer.hf, i) for i in ids]
@@ -110,6 +127,11 @@ def test_byte_tokenizer_specials(tmp_path: Path) -> None:
     assert stream_text(tok, [*"é".encode(), 257], skip_special_tokens=False) == "é<|im_end|>"
 
 
+def test_byte_tokenizer_vocabulary(tmp_path: Path) -> None:
+    tok = Tokenizer(read_card(byte_dir(tmp_path)))
+    assert tok.vocabulary() == [bytes([b]) for b in range(256)] + [s.encode() for s in SPECIALS]
+
+
 def test_byte_tokenizer_adds_bos_only_when_asked(tmp_path: Path) -> None:
     root = byte_dir(tmp_path, {"bos_token": "<|im_start|>", "add_bos_token": True})
     tok = Tokenizer(read_card(root))
@@ -120,23 +142,35 @@ def test_byte_tokenizer_adds_bos_only_when_asked(tmp_path: Path) -> None:
     assert tok.encode("<|im_start|>a", add_special_tokens=True) == [256, 97]
 
 
-def test_byte_tokenizer_from_gguf_metadata(tmp_path: Path) -> None:
-    """The tiny GGUF models' layout: byte-level chars in byte order, no merges, control specials."""
-    path = tmp_path / "byte.gguf"
+def write_byte_gguf(path: Path, extra: list[str]) -> Path:
+    """The tiny GGUF models' layout: byte-level chars in byte order, no merges, control specials;
+    `extra` normal tokens after the specials."""
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
-    w.add_token_list(byte_unicode_chars() + SPECIALS)
-    w.add_token_types([NORMAL] * 256 + [CONTROL] * len(SPECIALS))
+    w.add_token_list(byte_unicode_chars() + SPECIALS + extra)
+    w.add_token_types([NORMAL] * 256 + [CONTROL] * len(SPECIALS) + [NORMAL] * len(extra))
     w.add_token_merges([])
     w.add_eos_token_id(257)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    tok = Tokenizer(read_card(path))
+    return path
+
+
+def test_byte_tokenizer_from_gguf_metadata(tmp_path: Path) -> None:
+    tok = Tokenizer(read_card(write_byte_gguf(tmp_path / "byte.gguf", [])))
     text = "a b<|im_end|>ü 12"
     ids = tok.encode(text)
     assert ids == [97, 32, 98, 257, *"ü".encode(), 32, 49, 50]
     assert tok.decode(ids) == text
     assert tok.eos_ids == [257, 258]
+
+
+def test_token_bytes_of_byte_fallback_and_sentencepiece_pieces(tmp_path: Path) -> None:
+    tok = Tokenizer(read_card(write_byte_gguf(tmp_path / "byte.gguf", ["<0x0A>", "\u2581word"])))
+    first = 256 + len(SPECIALS)
+    assert tok.token_bytes(first) == b"\n"  # <0xNN>: the byte it names
+    assert tok.token_bytes(first + 1) == b" word"  # the word marker is a space
+    assert tok.token_bytes(ord("a")) == b"a"

@@ -7,6 +7,12 @@ from typing import Any
 
 import pytest
 
+from frontend.openai.conversion import (
+    requested_max_tokens,
+    stop_strings,
+    template_messages,
+    to_sampling_params,
+)
 from frontend.openai.requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -18,10 +24,6 @@ from frontend.openai.validation import (
     completion_prompt,
     embedding_inputs,
     parse_priority,
-    requested_max_tokens,
-    stop_strings,
-    template_messages,
-    to_sampling_params,
     validate_chat,
     validate_completion,
     validate_embedding,

@@ -1,0 +1,51 @@
+"""The health port: GET /healthz (also on the API port), /readyz and /metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from frontend.api.admission import Admission
+from frontend.api.json_response import json_response
+from frontend.api.metrics import CONTENT_TYPE, Metrics
+from frontend.core.client import CoreClient
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness: the process answers. Stays 200 while draining, until exit."""
+    return json_response({"status": "ok"})
+
+
+class HealthRoutes:
+    """The health port: GET /healthz, /readyz and /metrics."""
+
+    def __init__(
+        self,
+        core: CoreClient,
+        admission: Admission,
+        metrics: Metrics,
+        *,
+        stats_timeout_s: float = 1.0,
+        peers: Callable[[], Awaitable[list[str]]] | None = None,
+    ) -> None:
+        self._core = core
+        self._admission = admission
+        self._metrics = metrics
+        self._stats_timeout_s = stats_timeout_s
+        self._peers = peers  # the /metrics text of the other workers, to add to ours
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        """Readiness: 503 while draining or while no core has handshaken."""
+        if self._admission.draining:
+            return json_response({"status": "draining"}, 503)
+        if not self._core.ready:
+            return json_response({"status": "engine core not ready"}, 503)
+        return json_response({"status": "ready"})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        stats = await self._core.stats(self._stats_timeout_s)
+        peers = [] if self._peers is None else await self._peers()
+        return web.Response(
+            body=self._metrics.render(stats, peers), headers={"Content-Type": CONTENT_TYPE}
+        )

@@ -1,0 +1,252 @@
+"""The one conversion of a decoded OpenAI request into what the core is asked for: a
+GenerationJob (prompt ids, sampling params, stop strings, stream options), or token ids."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from frontend.openai.requests import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    EmbeddingRequest,
+    GenerateRequest,
+    TokenizeRequest,
+)
+from frontend.openai.validation import (
+    PRIORITY_HEADER,
+    check_num_messages,
+    completion_prompt,
+    embedding_inputs,
+    invalid,
+    parse_priority,
+    validate_chat,
+    validate_completion,
+    validate_embedding,
+    validate_tokenize,
+)
+from frontend.text.chat_template import TemplateRenderError
+from frontend.text.served_model import ServedModel
+from shared.eos import stop_token_ids
+from shared.errors import ErrorCode, ServingError
+from shared.protocol import SamplingParams, Welcome
+
+# Above any vocabulary: a larger top_k means "off", a larger stop id can never be sampled. Both
+# are cut to this so the Submit always encodes (msgspec refuses ints beyond 64 bits).
+MAX_TOKEN_ID: Final = 2**31 - 1
+DEFAULT_COMPLETION_MAX_TOKENS: Final = 16
+KV_HANDLE_HEADER: Final = "X-TL-KV-Handle"
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationJob:
+    """One validated generation request: what the core is sent, and how its answer is written."""
+
+    chat: bool  # chat.completion documents, else text_completion
+    prompt_ids: list[int]
+    params: SamplingParams
+    stops: list[str]  # stop strings: the frontend cuts the text there
+    priority: int
+    stream: bool
+    include_usage: bool  # streamed: a usage chunk before [DONE]
+    param: str  # the field a context refusal names: messages or prompt
+
+
+class Converter:
+    """Decoded OpenAI requests -> work for the core; every refusal is a ServingError.
+
+    The checks run in one order for every route: the document, then the model and the headers,
+    then a core to send to (503 if none), then the prompt (template, tokens, context).
+    """
+
+    def __init__(
+        self,
+        model: ServedModel,
+        require_welcome: Callable[[], Welcome],
+        *,
+        max_messages: int | None = None,
+    ) -> None:
+        self._model = model
+        self._require_welcome = require_welcome  # the core's Welcome, or 503 engine_unavailable
+        self._max_messages = max_messages
+
+    async def chat(self, req: ChatCompletionRequest, headers: Mapping[str, str]) -> GenerationJob:
+        validate_chat(req)
+        check_num_messages(len(req.messages), self._max_messages)
+        welcome, priority = self._gate(req.model, headers)
+        text = self._render(req.messages, add_generation_prompt=True)
+        # the template writes the special tokens it wants: none are added
+        prompt_ids = await self._model.encode(text, add_special_tokens=False)
+        return _job(req, prompt_ids, welcome, priority)
+
+    async def completion(self, req: CompletionRequest, headers: Mapping[str, str]) -> GenerationJob:
+        validate_completion(req)
+        welcome, priority = self._gate(req.model, headers)
+        prompt = completion_prompt(req)
+        if isinstance(prompt, str):
+            prompt_ids = await self._model.encode(prompt, add_special_tokens=True)
+        else:
+            prompt_ids = _in_vocabulary("prompt", prompt, welcome)
+        return _job(req, prompt_ids, welcome, priority)
+
+    async def embeddings(self, req: EmbeddingRequest) -> list[list[int]]:
+        """The token ids of each input, in order."""
+        validate_embedding(req)
+        self._model.check(req.model)
+        welcome = self._require_welcome()
+        inputs: list[list[int]] = []
+        for i, item in enumerate(embedding_inputs(req)):
+            param = "input" if isinstance(req.input, str) else f"input[{i}]"
+            ids = (
+                await self._model.encode(item, add_special_tokens=True)
+                if isinstance(item, str)
+                else item
+            )
+            if not ids:
+                raise invalid(param, f"'{param}' has no tokens.")
+            if len(ids) > welcome.max_model_len:
+                raise ServingError(
+                    ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+                    f"This model's maximum context length is {welcome.max_model_len} tokens; "
+                    f"'{param}' has {len(ids)}.",
+                    param,
+                )
+            inputs.append(_in_vocabulary(param, ids, welcome))
+        return inputs
+
+    async def tokenize(self, req: TokenizeRequest) -> tuple[list[int], Welcome]:
+        """The token ids of the prompt, or of the messages as the chat template renders them."""
+        validate_tokenize(req)
+        self._model.check(req.model)
+        welcome = self._require_welcome()
+        if req.messages is not None:
+            check_num_messages(len(req.messages), self._max_messages)
+            text = self._render(req.messages, req.add_generation_prompt is not False)
+            # what /v1/chat/completions would send: the template wrote its special tokens
+            add_special_tokens = bool(req.add_special_tokens)
+        else:
+            assert req.prompt is not None  # validate_tokenize
+            text = req.prompt
+            add_special_tokens = req.add_special_tokens is not False
+        return await self._model.encode(text, add_special_tokens), welcome
+
+    def _gate(self, model: str, headers: Mapping[str, str]) -> tuple[Welcome, int]:
+        """Model, priority, KV handle, a core to send to: checked before any prompt work."""
+        self._model.check(model)
+        priority = parse_priority(headers.get(PRIORITY_HEADER))
+        if KV_HANDLE_HEADER in headers:
+            raise ServingError(
+                ErrorCode.KV_HANDLE_NOT_FOUND,
+                "No KV cache is held under this handle (disaggregation is not served).",
+                KV_HANDLE_HEADER,
+            )
+        return self._require_welcome(), priority
+
+    def _render(self, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
+        try:
+            return self._model.template.render(
+                template_messages(messages), add_generation_prompt=add_generation_prompt
+            )
+        except TemplateRenderError as e:
+            raise invalid("messages", e.message) from e
+
+
+def _job(
+    req: GenerateRequest, prompt_ids: list[int], welcome: Welcome, priority: int
+) -> GenerationJob:
+    chat = isinstance(req, ChatCompletionRequest)
+    param = "messages" if chat else "prompt"
+    if not prompt_ids:
+        raise invalid(param, f"The {param} must not render to an empty prompt.")
+    requested = requested_max_tokens(req)
+    max_tokens = context_budget(requested, len(prompt_ids), welcome.max_model_len, param)
+    options = req.stream_options
+    return GenerationJob(
+        chat=chat,
+        prompt_ids=prompt_ids,
+        params=to_sampling_params(req, max_tokens, welcome.eos_ids),
+        stops=stop_strings(req),
+        priority=priority,
+        stream=bool(req.stream),
+        include_usage=bool(options is not None and options.include_usage),
+        param=param,
+    )
+
+
+def _in_vocabulary(param: str, ids: list[int], welcome: Welcome) -> list[int]:
+    if max(ids) >= welcome.vocab_size:
+        raise invalid(param, f"Token ids must be below {welcome.vocab_size}.")
+    return ids
+
+
+def context_budget(requested: int | None, num_prompt: int, max_model_len: int, param: str) -> int:
+    """max_tokens for the core: as asked, or what is left of the context (400 if nothing fits)."""
+    max_tokens = max_model_len - num_prompt if requested is None else requested
+    if max_tokens < 1 or num_prompt + max_tokens > max_model_len:
+        raise ServingError(
+            ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {num_prompt + max(max_tokens, 0)} tokens ({num_prompt} in the {param}, "
+            f"{max(max_tokens, 0)} in the completion). Please reduce the length of the {param} "
+            "or of the completion.",
+            param,
+        )
+    return max_tokens
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Validated messages as the chat template sees them; text parts joined by newlines."""
+    rendered = []
+    for message in messages:
+        if message.content is None:
+            content = ""
+        elif isinstance(message.content, str):
+            content = message.content
+        else:
+            content = "\n".join(part.text or "" for part in message.content)
+        rendered.append({"role": message.role, "content": content})
+    return rendered
+
+
+def stop_strings(req: GenerateRequest) -> list[str]:
+    if req.stop is None:
+        return []
+    stops = [req.stop] if isinstance(req.stop, str) else req.stop
+    return [s for s in stops if s]
+
+
+def requested_max_tokens(req: GenerateRequest) -> int | None:
+    """The client's token limit; None (chat only) means what is left of the context."""
+    if isinstance(req, CompletionRequest):
+        return DEFAULT_COMPLETION_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+    return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+
+
+def to_sampling_params(
+    req: GenerateRequest, max_tokens: int, eos_ids: Iterable[int]
+) -> SamplingParams:
+    """Translate a validated request; `max_tokens` is already resolved against the context."""
+    if isinstance(req, ChatCompletionRequest):
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    else:
+        logprobs = req.logprobs
+    ignore_eos = bool(req.ignore_eos)
+    own = (i for i in req.stop_token_ids or () if i <= MAX_TOKEN_ID)
+    top_k = min(req.top_k, MAX_TOKEN_ID) if req.top_k is not None and req.top_k > 0 else 0
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=top_k,
+        min_p=req.min_p or 0.0,
+        # Any integer seeds; the core sees it as an unsigned 64-bit number.
+        seed=None if req.seed is None else req.seed % (1 << 64),
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        stop_token_ids=stop_token_ids(eos_ids, own, ignore_eos),
+        ignore_eos=ignore_eos,
+        logprobs=logprobs,
+    )
