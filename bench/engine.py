@@ -44,7 +44,7 @@ from shared.protocol import (
     frontend_decoder,
 )
 from shared.tokenizer import Tokenizer
-from shared.tokenizer_metadata import read_card
+from shared.tokenizer_metadata import read_tokenizer_metadata
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_LEN = 32  # tokens per request of the throughput levels
@@ -247,7 +247,7 @@ def main() -> None:
         f"  TTFT with a shared 1,000-token prefix: cache on {on * 1000:.0f} ms, off {off * 1000:.0f} ms, {off / on:.1f}x"
     )
     result["prefix_ttft_s"] = {"radix": on, "none": off}
-    card = read_card(Path(BUNDLED_MODEL).expanduser())
+    card = read_tokenizer_metadata(Path(BUNDLED_MODEL).expanduser())
     tok, template = (
         Tokenizer(card),
         ChatTemplate(card.chat_template or "", card.bos_token, card.eos_token),

@@ -21,7 +21,7 @@ from enginecore.spec import NgramProposer
 from shared.config import ConfigError, EngineConfig, load
 from shared.log import setup_logging
 from shared.protocol import Welcome
-from shared.tokenizer_metadata import read_card
+from shared.tokenizer_metadata import read_tokenizer_metadata
 
 log = logging.getLogger("enginecore")
 
@@ -34,7 +34,7 @@ def build(cfg: EngineConfig) -> Engine:
         path, cfg.block_size, cfg.num_kv_blocks, cfg.kv_cache_bytes, cfg.max_model_len
     )
     runner.warmup()
-    card = read_card(path)
+    metadata = read_tokenizer_metadata(path)
     blocks = BlockManager(runner.num_blocks, cfg.block_size, cfg.prefix_cache == "radix")
     proposer = (
         NgramProposer(cfg.spec_ngram_max, cfg.spec_ngram_min, cfg.spec_num_tokens)
@@ -52,7 +52,7 @@ def build(cfg: EngineConfig) -> Engine:
         model_id=cfg.served_model_id,
         max_model_len=runner.max_model_len,
         vocab_size=runner.cfg.vocab_size,
-        eos_ids=list(card.eos_ids),
+        eos_ids=list(metadata.eos_ids),
         block_size=cfg.block_size,
         core_pid=os.getpid(),
     )

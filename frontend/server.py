@@ -1,4 +1,10 @@
-"""Server: one frontend's listeners and core, started and drained in the order DESIGN §1 gives."""
+"""Server: one frontend's listeners and core, started and drained in order.
+
+Start: the health listener (probes answer while the core starts), the core link (and the
+spawned core), then the API listener. Drain: readiness and new requests 503 at once, the API
+listener closes, in-flight requests finish (at most drain_timeout_s), the core is told to
+stop, and the health listener closes last.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +15,9 @@ from typing import Final
 
 from aiohttp import web
 
-from frontend.api.admission import Admission
 from frontend.api.app import BODY_TIMEOUT_S, Services, make_api_app, make_health_app
 from frontend.api.completions import PING_INTERVAL_S
+from frontend.api.drain_gate import DrainGate
 from frontend.api.metrics import Metrics
 from frontend.core.client import CoreClient
 from frontend.core.process import CoreProcess, core_argv
@@ -61,7 +67,7 @@ class Server:
             process = CoreProcess(command, core, stop_timeout_s=core_stop_timeout_s)
         self.workers = Workers(workers - 1, config_path) if workers > 1 else None
         peers = None if self.workers is None else self.workers.scrape
-        self.services = Services(config, model, core, Admission(), Metrics(), process, peers)
+        self.services = Services(config, model, core, DrainGate(), Metrics(), process, peers)
         self._role = role
         self._reuse_port = workers > 1 or role is not None
         # handler_cancellation: a client that leaves cancels its handler, whose finally aborts
@@ -130,20 +136,20 @@ class Server:
         if self._stopped:
             return
         self._stopped = True
-        config, admission = self.services.config, self.services.admission
+        config, drain_gate = self.services.config, self.services.drain_gate
         workers_gone = None
         if self.workers is not None:
             self.workers.terminate()
             workers_gone = asyncio.create_task(
                 self.workers.wait(config.drain_timeout_s + _WORKER_GRACE_S)
             )
-        admission.drain()
+        drain_gate.drain()
         if self._api_site is not None:
             await self._api_site.stop()  # new connections are refused from here on
             self._api_site = None
-        log.info("draining: %d requests in flight", admission.in_flight)
-        if not await admission.wait_idle(config.drain_timeout_s):
-            log.warning("drain timeout: cutting %d requests", admission.in_flight)
+        log.info("draining: %d requests in flight", drain_gate.in_flight)
+        if not await drain_gate.wait_idle(config.drain_timeout_s):
+            log.warning("drain timeout: cutting %d requests", drain_gate.in_flight)
         if workers_gone is not None:
             await workers_gone
         await self._api.cleanup()  # cleanup_ctx: ShutdownCore to our core, then Bye

@@ -98,7 +98,7 @@ ToCore = Hello | Submit | Abort | Embed | Heartbeat | GetStats | Bye | ShutdownC
 
 
 class Welcome(msgspec.Struct, tag=True, array_like=True):
-    """The model card, sent in answer to Hello."""
+    """What the core serves (id, limits, end-of-generation ids), sent in answer to Hello."""
 
     model_id: str
     max_model_len: int

@@ -9,7 +9,7 @@ from typing import Final
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from shared.tokenizer_metadata import CONTROL, USER_DEFINED, ModelCard
+from shared.tokenizer_metadata import CONTROL, USER_DEFINED, TokenizerMetadata
 
 _BYTE_FALLBACK: Final = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -27,13 +27,13 @@ def _byte_level_alphabet() -> dict[str, int]:
     return {char: b for b, char in chars.items()}
 
 
-def _from_gguf(card: ModelCard) -> HFTokenizer:
+def _from_gguf(metadata: TokenizerMetadata) -> HFTokenizer:
     """Byte-level BPE from GGUF vocab and merges (tokenizer.ggml.model == "gpt2")."""
-    vocab = {text: i for i, text in enumerate(card.tokens)}
-    merges = [(a, b) for a, b in (m.split(" ") for m in card.merges)]
+    vocab = {text: i for i, text in enumerate(metadata.tokens)}
+    merges = [(a, b) for a, b in (m.split(" ") for m in metadata.merges)]
     hf = HFTokenizer(models.BPE(vocab, merges))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if card.pre_tokenizer == "smollm":
+    if metadata.pre_tokenizer == "smollm":
         # llama.cpp's "smollm" pre-tokenizer (the original SmolLM2 tokenizer.json) splits digits
         hf.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True), byte_level]
@@ -43,7 +43,7 @@ def _from_gguf(card: ModelCard) -> HFTokenizer:
     hf.decoder = decoders.ByteLevel()
     # control tokens written in the text are matched whole, before pre-tokenization, as
     # llama.cpp does with parse_special; user-defined tokens too, but they decode as text
-    kinds = list(zip(card.tokens, card.token_types, strict=True))
+    kinds = list(zip(metadata.tokens, metadata.token_types, strict=True))
     specials = [AddedToken(t, special=True, normalized=False) for t, k in kinds if k == CONTROL]
     users = [AddedToken(t, normalized=False) for t, k in kinds if k == USER_DEFINED]
     hf.add_special_tokens(specials)
@@ -54,17 +54,17 @@ def _from_gguf(card: ModelCard) -> HFTokenizer:
 class Tokenizer:
     """The model's tokenizer: special tokens written in the text are parsed as special tokens."""
 
-    def __init__(self, card: ModelCard) -> None:
+    def __init__(self, metadata: TokenizerMetadata) -> None:
         self.hf = (
-            _from_gguf(card)
-            if card.tokenizer_json is None
-            else HFTokenizer.from_str(card.tokenizer_json)
+            _from_gguf(metadata)
+            if metadata.tokenizer_json is None
+            else HFTokenizer.from_str(metadata.tokenizer_json)
         )
-        self.eos_ids = list(card.eos_ids)
-        self.bos_id = card.bos_id
-        self.bos_token = card.bos_token
-        self.eos_token = card.eos_token
-        self._add_bos = card.add_bos
+        self.eos_ids = list(metadata.eos_ids)
+        self.bos_id = metadata.bos_id
+        self.bos_token = metadata.bos_token
+        self.eos_token = metadata.eos_token
+        self._add_bos = metadata.add_bos
         self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
         self._alphabet = _byte_level_alphabet()
         self._added = {i: t.content for i, t in self.hf.get_added_tokens_decoder().items()}

@@ -17,7 +17,7 @@ USER_DEFINED = 4
 UNUSED = 5
 
 
-class ModelCard(msgspec.Struct, frozen=True):
+class TokenizerMetadata(msgspec.Struct, frozen=True):
     """The tokenizer and chat-format facts of one model, from a .gguf file or a HF directory."""
 
     tokens: list[str]  # token text by id
@@ -25,7 +25,7 @@ class ModelCard(msgspec.Struct, frozen=True):
     merges: list[str]  # BPE merges, "left right"
     pre_tokenizer: str  # GGUF tokenizer.ggml.pre ("smollm", "gpt2", ...); "hf" for tokenizer.json
     bos_id: int | None
-    eos_ids: list[int]  # sorted, unique: every token that ends generation
+    eos_ids: list[int]  # sorted, unique: every token that ends generation (shared/eos.py)
     chat_template: str | None
     add_bos: bool
     bos_token: str  # "" if none
@@ -33,8 +33,8 @@ class ModelCard(msgspec.Struct, frozen=True):
     tokenizer_json: str | None  # raw tokenizer.json text (HF directories only)
 
 
-def read_card(path: Path) -> ModelCard:
-    """Read the card of a .gguf file or a Hugging Face model directory."""
+def read_tokenizer_metadata(path: Path) -> TokenizerMetadata:
+    """Read the tokenizer metadata of a .gguf file or a Hugging Face model directory."""
     if path.is_dir():
         return _read_hf_dir(path)
     if path.suffix == ".gguf" and path.is_file():
@@ -58,7 +58,7 @@ def _checked_id(path: Path, key: str, value: int, num_tokens: int) -> int:
 # --- GGUF ---------------------------------------------------------------------------------
 
 
-def _read_gguf(path: Path) -> ModelCard:
+def _read_gguf(path: Path) -> TokenizerMetadata:
     reader = gguf_reader(path)
 
     def field(key: str, required: bool = True) -> Any:
@@ -95,7 +95,7 @@ def _read_gguf(path: Path) -> ModelCard:
     named = {eos_id, *(token_id(key) for key in ends)}
     eos_ids = _end_of_generation(tokens, token_types, {i for i in named if i is not None})
     eos_id = eos_ids[0] if eos_id is None and eos_ids else eos_id
-    return ModelCard(
+    return TokenizerMetadata(
         tokens=tokens,
         token_types=[int(t) for t in token_types],
         merges=merges,
@@ -217,7 +217,7 @@ def _vocabulary(
     return [by_id.get(i, "") for i in range(num)], [kinds.get(i, UNUSED) for i in range(num)]
 
 
-def _read_hf_dir(path: Path) -> ModelCard:
+def _read_hf_dir(path: Path) -> TokenizerMetadata:
     tokenizer_path = path / "tokenizer.json"
     if not tokenizer_path.is_file():
         raise ValueError(f"{tokenizer_path}: missing (a model directory needs a tokenizer.json)")
@@ -259,13 +259,13 @@ def _read_hf_dir(path: Path) -> ModelCard:
     )
     bos_token = "" if bos_id is None else tokens[bos_id]
 
-    # the chapter: generation_config.json's template wins over the tokenizer's
+    # generation_config.json's template wins over the tokenizer's
     chat_template = gen_config.chat_template or _template(tok_config)
     jinja_path = path / "chat_template.jinja"
     if chat_template is None and jinja_path.is_file():
         chat_template = jinja_path.read_text(encoding="utf-8")
     add_bos = tok_config.add_bos_token
-    return ModelCard(
+    return TokenizerMetadata(
         tokens=tokens,
         token_types=token_types,
         merges=[m if isinstance(m, str) else " ".join(m) for m in doc.model.merges],

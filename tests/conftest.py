@@ -18,7 +18,7 @@ class TinyModels(NamedTuple):
     hf: Path  # random llama, Hugging Face directory (no chat template: the default one)
     gguf_f32: Path  # the same weights as F32 GGUF
     gguf_quant: Path  # the same weights quantized like the bundled model (Q8_0 + Q4_1)
-    succ: Path  # the chapter's succ model, Hugging Face directory
+    succ: Path  # the succ model (after byte i comes byte i + 1), Hugging Face directory
 
 
 @pytest.fixture(scope="session")

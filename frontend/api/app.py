@@ -9,8 +9,8 @@ from typing import Final
 
 from aiohttp import web
 
-from frontend.api.admission import Admission
 from frontend.api.completions import PING_INTERVAL_S, CompletionRoutes
+from frontend.api.drain_gate import DrainGate
 from frontend.api.embeddings import EmbeddingRoutes
 from frontend.api.health import HealthRoutes, healthz
 from frontend.api.metrics import Metrics
@@ -33,7 +33,7 @@ class Services:
     config: EngineConfig
     model: ServedModel
     core: CoreClient
-    admission: Admission
+    drain_gate: DrainGate
     metrics: Metrics
     process: CoreProcess | None  # the core this frontend spawned, if it did
     # worker 0 of `--workers N`: the /metrics texts of the other N - 1, added to its own
@@ -69,7 +69,7 @@ def make_api_app(
         client_max_size=config.max_body_bytes,
         middlewares=[
             error_middleware(services.metrics),
-            guard_middleware(config.api_keys, services.admission, body_timeout_s),
+            guard_middleware(config.api_keys, services.drain_gate, body_timeout_s),
         ],
     )
     app.on_response_prepare.append(stamp_request_id)
@@ -95,7 +95,9 @@ def make_health_app(services: Services) -> web.Application:
     """The health port: never behind API keys, open until the process exits."""
     app = web.Application(middlewares=[error_middleware(None)])
     app.on_response_prepare.append(stamp_request_id)
-    health = HealthRoutes(services.core, services.admission, services.metrics, peers=services.peers)
+    health = HealthRoutes(
+        services.core, services.drain_gate, services.metrics, peers=services.peers
+    )
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", health.readyz)
     app.router.add_get("/metrics", health.metrics)

@@ -14,7 +14,7 @@ from frontend.api.json_response import json_response
 from frontend.api.metrics import Metrics, RequestTimer
 from frontend.api.sse import SSEStream
 from frontend.core.client import CoreClient
-from frontend.core.stream import RequestStream
+from frontend.core.request_stream import RequestStream
 from frontend.openai import responses as docs
 from frontend.openai.conversion import Converter, GenerationJob
 from frontend.openai.formats import ChatFormat, Format, TextFormat

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from frontend.api.admission import Admission
+from frontend.api.drain_gate import DrainGate
 from frontend.api.json_response import json_response
 from frontend.api.metrics import CONTENT_TYPE, Metrics
 from frontend.core.client import CoreClient
@@ -23,21 +23,21 @@ class HealthRoutes:
     def __init__(
         self,
         core: CoreClient,
-        admission: Admission,
+        drain_gate: DrainGate,
         metrics: Metrics,
         *,
         stats_timeout_s: float = 1.0,
         peers: Callable[[], Awaitable[list[str]]] | None = None,
     ) -> None:
         self._core = core
-        self._admission = admission
+        self._drain_gate = drain_gate
         self._metrics = metrics
         self._stats_timeout_s = stats_timeout_s
         self._peers = peers  # the /metrics text of the other workers, to add to ours
 
     async def readyz(self, request: web.Request) -> web.Response:
         """Readiness: 503 while draining or while no core has handshaken."""
-        if self._admission.draining:
+        if self._drain_gate.draining:
             return json_response({"status": "draining"}, 503)
         if not self._core.ready:
             return json_response({"status": "engine core not ready"}, 503)

@@ -12,7 +12,7 @@ from typing import Final
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from frontend.api.admission import Admission
+from frontend.api.drain_gate import DrainGate
 from frontend.api.json_response import error_response
 from frontend.api.metrics import Metrics
 from shared.errors import ErrorCode, ServingError
@@ -61,7 +61,7 @@ def error_middleware(metrics: Metrics | None) -> Middleware:
 
 
 def guard_middleware(
-    api_keys: tuple[str, ...], admission: Admission, body_timeout_s: float
+    api_keys: tuple[str, ...], drain_gate: DrainGate, body_timeout_s: float
 ) -> Middleware:
     """API keys (if any), the drain gate, then the whole body within body_timeout_s (a client
     that trickles it in holds no handler longer); /healthz passes all three."""
@@ -77,7 +77,7 @@ def guard_middleware(
                 hmac.compare_digest(given, k.encode()) for k in api_keys
             ):
                 raise ServingError(ErrorCode.INVALID_API_KEY, "Incorrect API key provided.")
-        with admission.admit():
+        with drain_gate.admit():
             if request.body_exists:
                 try:
                     async with asyncio.timeout(body_timeout_s):

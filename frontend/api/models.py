@@ -18,7 +18,7 @@ class ModelRoutes:
 
     def __init__(self, model: ServedModel) -> None:
         self._model = model
-        self._entry = docs.ModelCard(id=model.model_id, created=model.created, owned_by=OWNED_BY)
+        self._entry = docs.ModelEntry(id=model.model_id, created=model.created, owned_by=OWNED_BY)
 
     async def models(self, request: web.Request) -> web.Response:
         return json_response(docs.model_list([self._entry]))

@@ -12,7 +12,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from frontend.core.stream import RequestStream, rejection_error, unavailable
+from frontend.core.request_stream import RequestStream, rejection_error, unavailable
 from shared import protocol
 from shared.errors import ErrorCode, ServingError
 from shared.protocol import (
@@ -77,7 +77,7 @@ class CoreClient:
         return self._welcome is not None and not self._closing
 
     def require_welcome(self) -> Welcome:
-        """The current core's model card; 503 engine_unavailable if there is no core."""
+        """The current core's Welcome; 503 engine_unavailable if there is no core."""
         if self._welcome is None or self._closing:
             raise ServingError(ErrorCode.ENGINE_UNAVAILABLE, "The engine core is not ready.")
         return self._welcome

@@ -1,7 +1,7 @@
 """OpenAI request bodies as msgspec Structs, and their decoding into typed 400 errors.
 
 Unknown fields are ignored. A field the client leaves out or sends as null is None here;
-defaults are applied by `frontend.openai.validation`. Error params name the field by its JSON
+defaults are applied by `frontend.openai.conversion`. Error params name the field by its JSON
 path without the leading `$.`: `temperature`, `messages[0].content`, `stop[1]`.
 """
 

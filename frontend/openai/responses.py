@@ -139,7 +139,7 @@ class EmbeddingList(msgspec.Struct, kw_only=True):
     usage: EmbeddingUsage
 
 
-class ModelCard(msgspec.Struct, kw_only=True):
+class ModelEntry(msgspec.Struct, kw_only=True):
     id: str
     object: str = "model"
     created: int
@@ -148,7 +148,7 @@ class ModelCard(msgspec.Struct, kw_only=True):
 
 class ModelList(msgspec.Struct, kw_only=True):
     object: str = "list"
-    data: list[ModelCard]
+    data: list[ModelEntry]
 
 
 class TokenizeResponse(msgspec.Struct, kw_only=True):
@@ -287,5 +287,5 @@ def _base64(vector: Sequence[float]) -> str:
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
 
 
-def model_list(cards: Sequence[ModelCard]) -> ModelList:
-    return ModelList(data=list(cards))
+def model_list(entries: Sequence[ModelEntry]) -> ModelList:
+    return ModelList(data=list(entries))

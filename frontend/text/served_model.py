@@ -10,7 +10,7 @@ from typing import Final
 from frontend.text.chat_template import DEFAULT_TEMPLATE, ChatTemplate
 from shared.errors import ErrorCode, ServingError
 from shared.tokenizer import Tokenizer
-from shared.tokenizer_metadata import read_card
+from shared.tokenizer_metadata import read_tokenizer_metadata
 
 LONG_TEXT_CHARS: Final = (
     32_768  # tokenize longer texts off the event loop (tokenizers drops the GIL)
@@ -28,12 +28,12 @@ class ServedModel:
 
     @classmethod
     def load(cls, path: Path, model_id: str) -> ServedModel:
-        """Read the model's card: tokenizer and chat template (DEFAULT_TEMPLATE if it has none)."""
-        card = read_card(path)
+        """Read the model's metadata: tokenizer and chat template (DEFAULT_TEMPLATE if it has none)."""
+        metadata = read_tokenizer_metadata(path)
         template = ChatTemplate(
-            card.chat_template or DEFAULT_TEMPLATE, card.bos_token, card.eos_token
+            metadata.chat_template or DEFAULT_TEMPLATE, metadata.bos_token, metadata.eos_token
         )
-        return cls(model_id, Tokenizer(card), template)
+        return cls(model_id, Tokenizer(metadata), template)
 
     def check(self, requested: str) -> None:
         if requested != self.model_id:

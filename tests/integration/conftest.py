@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import TinyModels
 from tests.fixtures.engine_cores import Reference, client_of, start
-from tests.fixtures.processes import CoreProcess, ProtocolClient
+from tests.fixtures.processes import ProtocolClient, SpawnedCore
 
 
 @pytest.fixture(scope="module")
@@ -17,21 +17,21 @@ def ref(tiny: TinyModels) -> Reference:
 
 
 @pytest.fixture(scope="module")
-def main_core(tmp_path_factory: pytest.TempPathFactory, tiny: TinyModels) -> Iterator[CoreProcess]:
+def main_core(tmp_path_factory: pytest.TempPathFactory, tiny: TinyModels) -> Iterator[SpawnedCore]:
     core = start(tmp_path_factory, tiny, "main")
     yield core
     core.stop()
 
 
 @pytest.fixture(scope="module")
-def spec_core(tmp_path_factory: pytest.TempPathFactory, tiny: TinyModels) -> Iterator[CoreProcess]:
+def spec_core(tmp_path_factory: pytest.TempPathFactory, tiny: TinyModels) -> Iterator[SpawnedCore]:
     core = start(tmp_path_factory, tiny, "spec", speculative="prompt_lookup", prefix_cache="none")
     yield core
     core.stop()
 
 
 @pytest.fixture(scope="module")
-def small_core(tmp_path_factory: pytest.TempPathFactory, tiny: TinyModels) -> Iterator[CoreProcess]:
+def small_core(tmp_path_factory: pytest.TempPathFactory, tiny: TinyModels) -> Iterator[SpawnedCore]:
     """24 blocks of 4 tokens: four 48-token requests must preempt each other."""
     core = start(tmp_path_factory, tiny, "small", num_kv_blocks=24)
     yield core
@@ -39,7 +39,7 @@ def small_core(tmp_path_factory: pytest.TempPathFactory, tiny: TinyModels) -> It
 
 
 @pytest.fixture(scope="module")
-def slow_core(tmp_path_factory: pytest.TempPathFactory, tiny: TinyModels) -> Iterator[CoreProcess]:
+def slow_core(tmp_path_factory: pytest.TempPathFactory, tiny: TinyModels) -> Iterator[SpawnedCore]:
     """One sequence at a time, one waiting at most, slow steps, short queue deadline."""
     core = start(
         tmp_path_factory, tiny, "slow",
@@ -50,12 +50,12 @@ def slow_core(tmp_path_factory: pytest.TempPathFactory, tiny: TinyModels) -> Ite
 
 
 @pytest.fixture(scope="module")
-def abort_core(tmp_path_factory: pytest.TempPathFactory, tiny: TinyModels) -> Iterator[CoreProcess]:
+def abort_core(tmp_path_factory: pytest.TempPathFactory, tiny: TinyModels) -> Iterator[SpawnedCore]:
     core = start(tmp_path_factory, tiny, "abort", step_delay_ms=20, client_timeout_s=2.0)
     yield core
     core.stop()
 
 
 @pytest.fixture
-def main(main_core: CoreProcess) -> ProtocolClient:
+def main(main_core: SpawnedCore) -> ProtocolClient:
     return client_of(main_core)

@@ -21,7 +21,7 @@ from tests.fixtures.engine_cores import (
     random_prompt,
     text,
 )
-from tests.fixtures.processes import CoreProcess, ProtocolClient
+from tests.fixtures.processes import ProtocolClient, SpawnedCore
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ def test_a_core_that_cannot_start_exits_2(
     tmp_path: Path, tiny: TinyModels, engine: dict[str, object], message: str
 ) -> None:
     settings = {"model_dir": str(tiny.gguf_quant), **engine}
-    code, output = CoreProcess(tmp_path, settings).run_to_exit()
+    code, output = SpawnedCore(tmp_path, settings).run_to_exit()
     assert code == 2, output
     assert message in output
 
@@ -53,7 +53,7 @@ PROMPTS = [
 ]
 
 
-def test_welcome_describes_the_model(main_core: CoreProcess) -> None:
+def test_welcome_describes_the_model(main_core: SpawnedCore) -> None:
     w = main_core.welcome
     assert w is not None
     assert (w.model_id, w.vocab_size, w.max_model_len, w.block_size) == ("tiny-q", 260, 1024, 4)
@@ -173,7 +173,7 @@ def test_bad_requests_are_rejected_and_the_core_keeps_serving(
     )
 
 
-def test_each_frontend_gets_only_its_own_events(main_core: CoreProcess) -> None:
+def test_each_frontend_gets_only_its_own_events(main_core: SpawnedCore) -> None:
     a, b = client_of(main_core), client_of(main_core)
     a.submit("mine-a", text("one"), greedy(5, ignore_eos=True))
     b.submit("mine-b", text("two"), greedy(5, ignore_eos=True))
@@ -196,7 +196,7 @@ REPETITIVE = [text("x"), text("abcabcabcabcabc"), text("the cat the cat the cat"
 
 
 def test_prompt_lookup_gives_the_same_greedy_ids(
-    main_core: CoreProcess, spec_core: CoreProcess, ref: Reference
+    main_core: SpawnedCore, spec_core: SpawnedCore, ref: Reference
 ) -> None:
     plain, spec = client_of(main_core), client_of(spec_core)
     before = spec.stats()
@@ -215,7 +215,7 @@ def test_prompt_lookup_gives_the_same_greedy_ids(
 
 
 def test_prompt_lookup_keeps_seeded_sampling_unchanged(
-    main_core: CoreProcess, spec_core: CoreProcess
+    main_core: SpawnedCore, spec_core: SpawnedCore
 ) -> None:
     """Verified drafts spend one uniform per emitted token, like plain decoding."""
     plain, spec = client_of(main_core), client_of(spec_core)
@@ -227,7 +227,7 @@ def test_prompt_lookup_keeps_seeded_sampling_unchanged(
     assert spec.stats().spec_proposed_total > before
 
 
-def test_prefix_cache_none_reports_no_cached_tokens(spec_core: CoreProcess) -> None:
+def test_prefix_cache_none_reports_no_cached_tokens(spec_core: SpawnedCore) -> None:
     c = client_of(spec_core)
     base = random_prompt(11, 40)
     c.generate("none-a", base, greedy(2, ignore_eos=True))

@@ -19,7 +19,7 @@ from tests.fixtures.engine_cores import (
     start,
     text,
 )
-from tests.fixtures.processes import CoreProcess
+from tests.fixtures.processes import SpawnedCore
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_preempted_requests_resume_with_unchanged_output(
-    small_core: CoreProcess, ref: Reference
+    small_core: SpawnedCore, ref: Reference
 ) -> None:
     c = client_of(small_core)
     seeded_alone = c.generate("seeded-alone", text("Once upon a time"), SEEDED).token_ids
@@ -47,7 +47,7 @@ def test_preempted_requests_resume_with_unchanged_output(
     assert after.kv_blocks_free + after.kv_blocks_cached == 24
 
 
-def test_a_request_larger_than_the_whole_cache_is_no_capacity(small_core: CoreProcess) -> None:
+def test_a_request_larger_than_the_whole_cache_is_no_capacity(small_core: SpawnedCore) -> None:
     c = client_of(small_core)
     out = c.generate("huge", random_prompt(1, 50), greedy(50))  # 100 slots > 24 blocks of 4
     assert [r.reason for r in out.rejected] == [RejectReason.NO_CAPACITY]
@@ -59,7 +59,7 @@ def test_a_request_larger_than_the_whole_cache_is_no_capacity(small_core: CorePr
 # ---- admission -------------------------------------------------------------------------------
 
 
-def test_queue_full_is_rejected_at_once(slow_core: CoreProcess, ref: Reference) -> None:
+def test_queue_full_is_rejected_at_once(slow_core: SpawnedCore, ref: Reference) -> None:
     c = client_of(slow_core)
     c.submit("runner", text("run"), greedy(1000, ignore_eos=True))  # aborted below
     c.wait_tokens("runner", 1)
@@ -75,7 +75,7 @@ def test_queue_full_is_rejected_at_once(slow_core: CoreProcess, ref: Reference) 
     assert c.outcome("runner").finish is None  # an abort is not answered with events
 
 
-def test_waiting_past_the_deadline_is_no_capacity(slow_core: CoreProcess) -> None:
+def test_waiting_past_the_deadline_is_no_capacity(slow_core: SpawnedCore) -> None:
     c = client_of(slow_core)
     c.submit("hog", text("hog"), greedy(1000, ignore_eos=True))  # aborted below
     c.wait_tokens("hog", 1)
@@ -93,7 +93,7 @@ def test_waiting_past_the_deadline_is_no_capacity(slow_core: CoreProcess) -> Non
 # ---- aborts and vanished frontends -----------------------------------------------------------
 
 
-def test_abort_frees_every_block_before_the_next_step(abort_core: CoreProcess) -> None:
+def test_abort_frees_every_block_before_the_next_step(abort_core: SpawnedCore) -> None:
     c = client_of(abort_core)
     rids = [f"a{i}" for i in range(6)]
     for i, rid in enumerate(rids):
@@ -112,7 +112,7 @@ def test_abort_frees_every_block_before_the_next_step(abort_core: CoreProcess) -
     assert all(c.outcome(r).finish is None for r in rids)
 
 
-def test_a_silent_frontend_has_its_requests_aborted(abort_core: CoreProcess) -> None:
+def test_a_silent_frontend_has_its_requests_aborted(abort_core: SpawnedCore) -> None:
     silent = abort_core.client(identity=b"silent-frontend", heartbeat=False)
     silent.hello()
     for i in range(3):
@@ -128,7 +128,7 @@ def test_a_silent_frontend_has_its_requests_aborted(abort_core: CoreProcess) -> 
     assert all(len(silent.outcome(f"s{i}").token_ids) < 500 for i in range(3))
 
 
-def test_bye_aborts_everything_the_frontend_owns(abort_core: CoreProcess) -> None:
+def test_bye_aborts_everything_the_frontend_owns(abort_core: SpawnedCore) -> None:
     leaving = client_of(abort_core)
     for i in range(3):
         leaving.submit(f"bye{i}", random_prompt(60 + i, 8), greedy(500, ignore_eos=True))
@@ -138,7 +138,7 @@ def test_bye_aborts_everything_the_frontend_owns(abort_core: CoreProcess) -> Non
     assert (s.active_sequences, s.kv_blocks_used, s.queue_depth) == (0, 0, 0)
 
 
-def test_a_duplicate_rid_is_refused_while_the_first_carries_on(abort_core: CoreProcess) -> None:
+def test_a_duplicate_rid_is_refused_while_the_first_carries_on(abort_core: SpawnedCore) -> None:
     c = client_of(abort_core)
     c.submit("dup", text("duplicate"), greedy(300, ignore_eos=True))
     first = c.wait_tokens("dup", 1)

@@ -1,4 +1,4 @@
-"""The error table of DESIGN.md §3 over the wire, refusals from the core, and the headers."""
+"""The README's error table over the wire, refusals from the core, and the headers."""
 
 from __future__ import annotations
 

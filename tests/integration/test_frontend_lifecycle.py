@@ -43,7 +43,7 @@ async def test_stream_disconnect_aborts_in_the_core(tiny: TinyModels) -> None:
         await eventually(lambda: rid in s.core.aborted(), timeout=2.0)
         stats = await s.server.services.core.stats(1.0)
         assert stats is not None and stats.active_sequences == 0
-        assert s.server.services.admission.in_flight == 0
+        assert s.server.services.drain_gate.in_flight == 0
 
 
 async def test_non_stream_disconnect_aborts_in_the_core(tiny: TinyModels) -> None:
@@ -69,7 +69,7 @@ async def test_drain_finishes_in_flight_and_refuses_new(tiny: TinyModels) -> Non
         streaming = aiohttp.ClientSession()
         stream = await streaming.post(s.api + CHAT, json=chat(max_tokens=30, stream=True))
         drain = asyncio.create_task(s.server.drain())
-        await eventually(lambda: s.server.services.admission.draining)
+        await eventually(lambda: s.server.services.drain_gate.draining)
         assert await readyz(s.health) == 503
         async with aiohttp.ClientSession() as session, session.get(s.health + "/healthz") as r:
             assert r.status == 200  # alive until exit

@@ -31,16 +31,16 @@ async def test_models(tiny: TinyModels) -> None:
     async with serving(tiny.succ) as s:
         status, listing, _ = await fetch("GET", s.api + "/v1/models")
         assert status == 200
-        [card] = listing["data"]
+        [entry] = listing["data"]
         assert listing["object"] == "list"
-        assert card == {
+        assert entry == {
             "id": "succ",
             "object": "model",
-            "created": card["created"],
+            "created": entry["created"],
             "owned_by": "tl-serve",
         }
-        assert isinstance(card["created"], int)
-        assert await fetch("GET", s.api + "/v1/models/succ") == (200, card, "application/json")
+        assert isinstance(entry["created"], int)
+        assert await fetch("GET", s.api + "/v1/models/succ") == (200, entry, "application/json")
         status, doc, _ = await fetch("GET", s.api + "/v1/models/other")
         assert (status, doc["error"]["code"]) == (404, "model_not_found")
 

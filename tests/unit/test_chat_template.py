@@ -16,8 +16,9 @@ from frontend.text.chat_template import (
     TemplateError,
     TemplateRenderError,
 )
+from shared.config import BUNDLED_MODEL
 from shared.tokenizer import Tokenizer
-from shared.tokenizer_metadata import ModelCard, read_card
+from shared.tokenizer_metadata import TokenizerMetadata, read_tokenizer_metadata
 from tests.conftest import missing_bundled_model
 from tests.fixtures.chat_templates import LLAMA3, METHODS, MISTRAL, QWEN, SMOLLM_TEMPLATE, ZEPHYR
 
@@ -31,20 +32,20 @@ HI_RENDERED = (
 
 
 @pytest.fixture(scope="module")
-def smollm_card() -> ModelCard:
+def smollm_metadata() -> TokenizerMetadata:
     if not SMOLLM_GGUF.is_file():
         missing_bundled_model(SMOLLM_GGUF)
-    return read_card(SMOLLM_GGUF)
+    return read_tokenizer_metadata(SMOLLM_GGUF)
 
 
 def smollm(source: str = SMOLLM_TEMPLATE) -> ChatTemplate:
     return ChatTemplate(source, bos_token="<|im_start|>", eos_token="<|im_end|>")
 
 
-def test_gguf_template_is_the_chapters(smollm_card: ModelCard) -> None:
-    # the GGUF's string literals hold real newlines where the chapter writes \n escapes
-    assert smollm_card.chat_template is not None
-    assert smollm_card.chat_template.replace("\n", "\\n") == SMOLLM_TEMPLATE
+def test_gguf_template_is_the_smollm_literal(smollm_metadata: TokenizerMetadata) -> None:
+    # the GGUF's string literals hold real newlines where the literal writes \n escapes
+    assert smollm_metadata.chat_template is not None
+    assert smollm_metadata.chat_template.replace("\n", "\\n") == SMOLLM_TEMPLATE
 
 
 def test_hand_example() -> None:
@@ -54,9 +55,11 @@ def test_hand_example() -> None:
     )
 
 
-def test_hand_example_with_gguf_template(smollm_card: ModelCard) -> None:
-    assert smollm_card.chat_template is not None
-    template = ChatTemplate(smollm_card.chat_template, smollm_card.bos_token, smollm_card.eos_token)
+def test_hand_example_with_gguf_template(smollm_metadata: TokenizerMetadata) -> None:
+    assert smollm_metadata.chat_template is not None
+    template = ChatTemplate(
+        smollm_metadata.chat_template, smollm_metadata.bos_token, smollm_metadata.eos_token
+    )
     assert (
         template.render([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
         == HI_RENDERED
@@ -85,12 +88,16 @@ def test_greedy_reference_has_chat_records() -> None:
 
 
 @pytest.mark.parametrize("record", greedy_chat_records(), ids=lambda r: str(r["prompt"])[:40])
-def test_greedy_reference_prompts(smollm_card: ModelCard, record: dict[str, object]) -> None:
-    assert smollm_card.chat_template is not None
-    template = ChatTemplate(smollm_card.chat_template, smollm_card.bos_token, smollm_card.eos_token)
+def test_greedy_reference_prompts(
+    smollm_metadata: TokenizerMetadata, record: dict[str, object]
+) -> None:
+    assert smollm_metadata.chat_template is not None
+    template = ChatTemplate(
+        smollm_metadata.chat_template, smollm_metadata.bos_token, smollm_metadata.eos_token
+    )
     rendered = template.render(record["prompt"], add_generation_prompt=True)  # type: ignore[arg-type]
     assert rendered == record["rendered"]
-    assert Tokenizer(smollm_card).encode(rendered) == record["prompt_ids"]
+    assert Tokenizer(smollm_metadata).encode(rendered) == record["prompt_ids"]
 
 
 def test_default_template() -> None:
@@ -293,3 +300,66 @@ def test_parity_of_raise_exception_with_jinja2(messages: list[dict[str, object]]
     with pytest.raises(TemplateRenderError) as got:
         ChatTemplate(MISTRAL, "<s>", "</s>").render(messages, add_generation_prompt=True)
     assert got.value.message == str(expected.value)
+
+
+SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+
+
+def smollm_templates() -> list[str]:
+    """SmolLM2's template as a literal, and the bundled GGUF's own when it is here."""
+    templates = [SMOLLM_TEMPLATE]
+    bundled = Path(BUNDLED_MODEL).expanduser()
+    if bundled.exists():
+        bundled_template = read_tokenizer_metadata(bundled).chat_template
+        assert bundled_template is not None
+        templates.append(bundled_template)
+    return templates
+
+
+def test_chat_template_hand_example() -> None:
+    for source in smollm_templates():
+        t = ChatTemplate(source, "<|im_start|>", "<|im_end|>")
+        hi = [{"role": "user", "content": "Hi"}]
+        # loop.first and messages[0] is not system: the default system turn, then the user's,
+        # then the generation prompt
+        assert t.render(hi, add_generation_prompt=True) == (
+            SYSTEM + "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        )
+        assert (
+            t.render(hi, add_generation_prompt=False) == SYSTEM + "<|im_start|>user\nHi<|im_end|>\n"
+        )
+        turns = [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "Bye"},
+        ]
+        assert t.render(turns, add_generation_prompt=True) == (
+            SYSTEM
+            + "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+            + "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"
+        )  # the system turn once, at the top only
+        own = [{"role": "system", "content": "Be terse."}, *hi]
+        assert t.render(own, add_generation_prompt=True) == (
+            "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n"
+        )
+    # filters, elif, loop.last, whitespace control
+    mix = ChatTemplate(
+        "{%- for m in messages -%}\n  {%- if m.role == 'user' -%} U"
+        "{%- elif m.role == 'assistant' -%} A{%- else -%} S{%- endif -%}"
+        ":{{ m.content | trim | upper }}{% if not loop.last %}|{% endif %}\n"
+        "{%- endfor %}{{ bos_token }}{{ eos_token }}",
+        "<s>",
+        "</s>",
+    )
+    three = [
+        {"role": "system", "content": " x "},
+        {"role": "user", "content": "hi "},
+        {"role": "assistant", "content": "yo"},
+    ]
+    assert mix.render(three, add_generation_prompt=False) == "S:X|U:HI|A:YO<s></s>"
+    # the default template, for models without one
+    default = ChatTemplate(DEFAULT_TEMPLATE, "", "")
+    assert default.render(three, add_generation_prompt=True) == (
+        "<|system|>\n x \n<|user|>\nhi \n<|assistant|>\nyo\n<|assistant|>\n"
+    )

@@ -1,13 +1,17 @@
-"""Generation (detokenize + stop holdback + counts) and the context budget, without a server."""
+"""Generation (detokenize + stop holdback + counts) and the context budget, without a server;
+the text stream byte by byte through the tiny models' byte tokenizer."""
 
 from __future__ import annotations
 
 import pytest
+from tokenizers import Tokenizer
 
 from frontend.openai.conversion import context_budget
 from frontend.text.generation import Generation
 from shared.errors import ServingError
 from shared.protocol import FinishReason, TokenEvent, TokenLogprob
+from tests.fixtures.byte_tokenizer import byte_tokenizer_json
+from tests.fixtures.tiny_model import EOS, SPECIALS
 
 
 def decode(ids: list[int]) -> str:
@@ -58,3 +62,74 @@ def test_context_budget_refuses(requested: int | None, num_prompt: int) -> None:
     with pytest.raises(ServingError) as refused:
         context_budget(requested, num_prompt, 10, "messages")
     assert (refused.value.code, refused.value.param) == ("context_length_exceeded", "messages")
+
+
+class ByteStream:
+    """One request's text stream, fed one byte-token at a time like the core would."""
+
+    def __init__(self, stops: list[str]) -> None:
+        tokenizer = Tokenizer.from_str(byte_tokenizer_json(SPECIALS))
+        decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        self.generation = Generation(decode, [ord("a")], stops)
+        self.sent: list[str] = []
+
+    def push(self, token: int, finish: FinishReason | None = None) -> str:
+        piece = self.generation.push(TokenEvent("r", [token], finish))
+        self.sent.append(piece.text)
+        return piece.text
+
+
+def holdback(text: str, stops: list[str]) -> int:
+    """The holdback rule: the longest suffix of text that is a proper prefix of some stop."""
+    return max(
+        k
+        for k in range(len(text) + 1)
+        if any(len(s) > k and s.startswith(text[len(text) - k :]) for s in stops)
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "stops", "expected", "finish"),
+    [
+        ("bcdefg", ["de"], "bc", "stop"),  # the worked example
+        ("bcdefg", ["xyz"], "bcdefg", "length"),
+        ("bcdcdx", ["cde"], "bcdcdx", "length"),  # a prefix that does not complete is released
+        ("héllo wörld", ["wö"], "héllo ", "stop"),  # a stop string inside multi-byte characters
+        ("a☃b☃c", ["☃c"], "a☃b", "stop"),
+        ("naïve café", ["é"], "naïve caf", "stop"),
+        ("x\xff\xfey", [], "x\ufffd\ufffdy", "length"),  # invalid bytes become U+FFFD
+    ],
+)
+def test_text_stream_holds_back_stop_prefixes(
+    text: str, stops: list[str], expected: str, finish: str
+) -> None:
+    data = text.encode("latin-1") if "\xff" in text else text.encode()
+    stream = ByteStream(stops)
+    for i, byte in enumerate(data):
+        last = i == len(data) - 1
+        stream.push(byte, FinishReason.LENGTH if last else None)
+        sent = "".join(stream.sent)
+        assert not any(s in sent for s in stops)  # never a stop string
+        assert expected.startswith(sent), (sent, expected)
+        if stream.generation.finish_reason is not None:
+            break
+        if stops:  # valid UTF-8 here: what is complete so far, minus the longest stop prefix
+            complete = data[: i + 1].decode(errors="ignore")
+            assert sent == complete[: len(complete) - holdback(complete, stops)], (sent, complete)
+    assert "".join(stream.sent) == expected
+    assert stream.generation.finish_reason == finish
+
+
+def test_text_stream_byte_by_byte_by_hand() -> None:
+    """After d the text not yet sent is d, a prefix of de: held back; after e it stops."""
+    stream = ByteStream(["de"])
+    assert [stream.push(b) for b in b"bcd"] == ["b", "c", ""]
+    assert stream.push(ord("e")) == ""
+    assert stream.generation.finish_reason == "stop"
+    # a UTF-8 character split over two tokens waits for its second byte
+    stream = ByteStream([])
+    first, second = "é".encode()
+    assert (stream.push(first), stream.push(second)) == ("", "é")
+    # EOS is counted but is not text
+    assert (stream.push(EOS, FinishReason.STOP), stream.generation.finish_reason) == ("", "stop")
+    assert stream.generation.num_tokens == 3

@@ -15,8 +15,8 @@ import schemathesis
 import yaml
 from aiohttp import web
 
-from frontend.api.admission import Admission
 from frontend.api.app import Services, make_api_app, make_health_app
+from frontend.api.drain_gate import DrainGate
 from frontend.api.metrics import Metrics
 from frontend.core.client import CoreClient
 from frontend.openai import requests as types
@@ -97,7 +97,7 @@ async def apps(tiny: TinyModels) -> AsyncIterator[tuple[web.Application, web.App
     )
     core = CoreClient(config.resolved_core_address)
     model = ServedModel.load(config.model_path, config.served_model_id)
-    services = Services(config, model, core, Admission(), Metrics(), None)
+    services = Services(config, model, core, DrainGate(), Metrics(), None)
     yield make_api_app(services), make_health_app(services)
     await core.close()
 
@@ -146,7 +146,7 @@ async def test_routes_are_the_route_tables(
         (docs.TextCompletion, "TextCompletion"),
         (docs.EmbeddingList, "EmbeddingList"),
         (docs.ModelList, "ModelList"),
-        (docs.ModelCard, "Model"),
+        (docs.ModelEntry, "Model"),
         (docs.TokenizeResponse, "TokenizeResponse"),
         (docs.Usage, "Usage"),
     ],
@@ -254,7 +254,7 @@ def test_api_operations_document_the_pinned_error_statuses(doc: dict[str, Any]) 
         ("TextCompletion", docs.text_usage_chunk(TEXT_HEAD, docs.usage(1, 1))),
         ("EmbeddingList", docs.embedding_list("m", [[0.6, 0.8]], None, 2)),
         ("EmbeddingList", docs.embedding_list("m", [[0.6, 0.8], [1.0, 0.0]], "base64", 3)),
-        ("ModelList", docs.model_list([docs.ModelCard(id="m", created=1, owned_by="tl-serve")])),
+        ("ModelList", docs.model_list([docs.ModelEntry(id="m", created=1, owned_by="tl-serve")])),
         ("TokenizeResponse", docs.TokenizeResponse(tokens=[1, 2], count=2, max_model_len=8)),
     ],
 )

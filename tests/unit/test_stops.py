@@ -31,7 +31,7 @@ def run(pieces: list[str], stops: list[str]) -> tuple[list[str], bool]:
 @pytest.mark.parametrize(
     ("pieces", "stops", "expected", "stopped"),
     [
-        # The chapter's example: "de" split across tokens stops at "bc".
+        # The worked example: "de" split across tokens stops at "bc".
         (["b", "c", "d", "e", "f"], ["de"], ["b", "c", "", "", "", ""], True),
         # A held prefix that turns out not to be a stop is released.
         (["b", "d", "x"], ["de"], ["b", "", "dx", ""], False),

@@ -10,7 +10,7 @@ import gguf
 import pytest
 
 from shared.tokenizer import Tokenizer
-from shared.tokenizer_metadata import CONTROL, NORMAL, read_card
+from shared.tokenizer_metadata import CONTROL, NORMAL, read_tokenizer_metadata
 from tests.conftest import missing_bundled_model
 from tests.fixtures.byte_tokenizer import byte_tokenizer_json, byte_unicode_chars
 
@@ -23,7 +23,7 @@ SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
 def smollm() -> Tokenizer:
     if not SMOLLM_GGUF.is_file():
         missing_bundled_model(SMOLLM_GGUF)
-    return Tokenizer(read_card(SMOLLM_GGUF))
+    return Tokenizer(read_tokenizer_metadata(SMOLLM_GGUF))
 
 
 def reference_cases() -> list[dict[str, object]]:
@@ -109,7 +109,7 @@ def byte_dir(tmp_path: Path, config: dict[str, object] | None = None) -> Path:
 
 
 def test_byte_tokenizer_ids_are_byte_values(tmp_path: Path) -> None:
-    tok = Tokenizer(read_card(byte_dir(tmp_path)))
+    tok = Tokenizer(read_tokenizer_metadata(byte_dir(tmp_path)))
     assert tok.encode("a") == [97]
     text = "Hi é\n\t😀 \x00"
     assert tok.encode(text) == list(text.encode("utf-8"))
@@ -118,7 +118,7 @@ def test_byte_tokenizer_ids_are_byte_values(tmp_path: Path) -> None:
 
 
 def test_byte_tokenizer_specials(tmp_path: Path) -> None:
-    tok = Tokenizer(read_card(byte_dir(tmp_path)))
+    tok = Tokenizer(read_tokenizer_metadata(byte_dir(tmp_path)))
     ids = tok.encode("<|im_start|>ab<|im_end|><|endoftext|>")
     assert ids == [256, 97, 98, 257, 258]
     assert tok.decode(ids) == "<|im_start|>ab<|im_end|><|endoftext|>"
@@ -128,13 +128,13 @@ def test_byte_tokenizer_specials(tmp_path: Path) -> None:
 
 
 def test_byte_tokenizer_vocabulary(tmp_path: Path) -> None:
-    tok = Tokenizer(read_card(byte_dir(tmp_path)))
+    tok = Tokenizer(read_tokenizer_metadata(byte_dir(tmp_path)))
     assert tok.vocabulary() == [bytes([b]) for b in range(256)] + [s.encode() for s in SPECIALS]
 
 
 def test_byte_tokenizer_adds_bos_only_when_asked(tmp_path: Path) -> None:
     root = byte_dir(tmp_path, {"bos_token": "<|im_start|>", "add_bos_token": True})
-    tok = Tokenizer(read_card(root))
+    tok = Tokenizer(read_tokenizer_metadata(root))
     assert tok.encode("a") == [97]
     assert tok.encode("a", add_special_tokens=True) == [256, 97]
     assert tok.encode("", add_special_tokens=True) == [256]
@@ -160,7 +160,7 @@ def write_byte_gguf(path: Path, extra: list[str]) -> Path:
 
 
 def test_byte_tokenizer_from_gguf_metadata(tmp_path: Path) -> None:
-    tok = Tokenizer(read_card(write_byte_gguf(tmp_path / "byte.gguf", [])))
+    tok = Tokenizer(read_tokenizer_metadata(write_byte_gguf(tmp_path / "byte.gguf", [])))
     text = "a b<|im_end|>ü 12"
     ids = tok.encode(text)
     assert ids == [97, 32, 98, 257, *"ü".encode(), 32, 49, 50]
@@ -169,7 +169,9 @@ def test_byte_tokenizer_from_gguf_metadata(tmp_path: Path) -> None:
 
 
 def test_token_bytes_of_byte_fallback_and_sentencepiece_pieces(tmp_path: Path) -> None:
-    tok = Tokenizer(read_card(write_byte_gguf(tmp_path / "byte.gguf", ["<0x0A>", "\u2581word"])))
+    tok = Tokenizer(
+        read_tokenizer_metadata(write_byte_gguf(tmp_path / "byte.gguf", ["<0x0A>", "\u2581word"]))
+    )
     first = 256 + len(SPECIALS)
     assert tok.token_bytes(first) == b"\n"  # <0xNN>: the byte it names
     assert tok.token_bytes(first + 1) == b" word"  # the word marker is a space

@@ -1,4 +1,4 @@
-"""The chapter's tests on the succ model (after byte i, byte i + 1), over the wire: a real
+"""The HTTP API end to end on the succ model (after byte i, byte i + 1), over the wire: a real
 frontend spawning a real engine core on loopback, shared by the module."""
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def chat(**fields: Any) -> dict[str, Any]:
 
 E400 = "invalid_request_error"  # every refusal of the table has this type
 BAD: list[tuple[str, str, Any, dict[str, str], int, str, str | None]] = [
-    # (method, path, body, headers, status, code, param); DESIGN.md §3, pinned table
+    # (method, path, body, headers, status, code, param): the README's error table, pinned
     ("POST", CHAT, chat(temperature=2.5), {}, 400, "invalid_value", "temperature"),
     ("POST", CHAT, chat(temperature=-1), {}, 400, "invalid_value", "temperature"),
     ("POST", CHAT, chat(temperature="hot"), {}, 400, "invalid_value", "temperature"),
@@ -231,11 +231,11 @@ async def test_tokenize_models_health_and_request_id(succ: LiveServer) -> None:
     assert doc["tokens"] == [257, 97]
     models = (await request("GET", succ.api + "/v1/models")).doc
     assert models["object"] == "list"
-    [card] = models["data"]
-    assert set(card) == {"id", "object", "created", "owned_by"}
-    assert (card["id"], card["object"]) == ("succ", "model")
-    assert isinstance(card["created"], int) and card["owned_by"]
-    assert (await request("GET", succ.api + "/v1/models/succ")).doc == card
+    [entry] = models["data"]
+    assert set(entry) == {"id", "object", "created", "owned_by"}
+    assert (entry["id"], entry["object"]) == ("succ", "model")
+    assert isinstance(entry["created"], int) and entry["owned_by"]
+    assert (await request("GET", succ.api + "/v1/models/succ")).doc == entry
     missing = await request("GET", succ.api + "/v1/models/nope")
     assert (missing.status, missing.doc["error"]["code"]) == (404, "model_not_found")
     for url in (succ.api + "/healthz", succ.health + "/healthz", succ.health + "/readyz"):

@@ -1,6 +1,6 @@
-"""Admission at the frontend's door: counts requests in flight, and refuses them while draining.
+"""The drain gate at the frontend's door: counts requests in flight, refuses them while draining.
 
-The admission queue itself is in the core (global across frontends); this is the drain gate.
+Admission proper (the bounded queue, 429) is the core's, global across frontends.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from shared.errors import ErrorCode, ServingError
 
 
-class Admission:
+class DrainGate:
     """In-flight API requests; after drain() every new one gets 503 shutting_down."""
 
     def __init__(self) -> None:

@@ -14,7 +14,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from frontend.openai.responses import (
     Head,
-    ModelCard,
+    ModelEntry,
     TokenizeResponse,
     chat_chunk,
     chat_completion,
@@ -181,8 +181,8 @@ def test_embeddings_base64_is_little_endian_float32() -> None:
 
 
 def test_models_and_tokenize() -> None:
-    card = ModelCard(id="succ", created=3, owned_by="tl-serve")
-    doc = wire(model_list([card]))
+    entry = ModelEntry(id="succ", created=3, owned_by="tl-serve")
+    doc = wire(model_list([entry]))
     assert doc == {
         "object": "list",
         "data": [{"id": "succ", "object": "model", "created": 3, "owned_by": "tl-serve"}],

@@ -1,4 +1,4 @@
-"""The chapter's tests about processes: bounded admission, disconnects, drain on SIGTERM,
+"""Serving as processes: bounded admission, disconnects, drain on SIGTERM,
 refusals at start (broken template, bad config) and runtime.toml with TL_ENGINE__ overrides.
 Each runs the real `frontend`, which spawns the real engine core, on loopback."""
 

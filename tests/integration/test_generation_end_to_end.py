@@ -1,4 +1,4 @@
-"""The chapter's tests on the tiny random llama (no chat template: the default one), over the
+"""Generation end to end on the tiny random llama (no chat template: the default one), over the
 wire: a real frontend spawning a real engine core, shared by the module."""
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ async def test_seed_reproduces_sampling(llama: LiveServer) -> None:
 
 
 def render_default(messages: list[dict[str, str]]) -> str:
-    """The chapter's default template, by hand: <|role|>\\ncontent\\n each, then <|assistant|>\\n."""
+    """The default template, by hand: <|role|>\\ncontent\\n each, then <|assistant|>\\n."""
     return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
 
 

@@ -1,4 +1,4 @@
-"""ModelCard from GGUF metadata and from Hugging Face directories: ids, end-of-generation set, errors."""
+"""TokenizerMetadata from GGUF metadata and from Hugging Face directories: ids, end-of-generation set, errors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from shared.tokenizer_metadata import CONTROL, NORMAL, USER_DEFINED, read_card
+from shared.tokenizer_metadata import CONTROL, NORMAL, USER_DEFINED, read_tokenizer_metadata
 from tests.fixtures.byte_tokenizer import byte_tokenizer_json, byte_unicode_chars
 
 SMOLLM_GGUF = Path.home() / ".cache/tl-serve/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -38,46 +38,46 @@ def write_gguf(path: Path, model: str = "gpt2", **ids: int) -> Path:
 
 
 @needs_smollm
-def test_smollm_gguf_card() -> None:
-    card = read_card(SMOLLM_GGUF)
-    assert len(card.tokens) == len(card.token_types) == 49152
-    assert card.tokens[:3] == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    assert card.token_types[:17] == [CONTROL] * 17
-    assert card.token_types[17] == NORMAL
-    assert len(card.merges) == 48900
-    assert card.merges[0] == "Ġ t"
-    assert card.pre_tokenizer == "smollm"
-    assert card.bos_id == 1
-    assert card.bos_token == "<|im_start|>"
-    assert card.eos_token == "<|im_end|>"
+def test_smollm_gguf_metadata() -> None:
+    metadata = read_tokenizer_metadata(SMOLLM_GGUF)
+    assert len(metadata.tokens) == len(metadata.token_types) == 49152
+    assert metadata.tokens[:3] == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    assert metadata.token_types[:17] == [CONTROL] * 17
+    assert metadata.token_types[17] == NORMAL
+    assert len(metadata.merges) == 48900
+    assert metadata.merges[0] == "Ġ t"
+    assert metadata.pre_tokenizer == "smollm"
+    assert metadata.bos_id == 1
+    assert metadata.bos_token == "<|im_start|>"
+    assert metadata.eos_token == "<|im_end|>"
     # metadata eos (2) plus <|endoftext|> (0), the same stop set as the reference run
-    assert card.eos_ids == [0, 2]
-    assert card.add_bos is False
-    assert card.tokenizer_json is None
-    assert card.chat_template is not None
-    assert card.chat_template.startswith("{% for message in messages %}")
+    assert metadata.eos_ids == [0, 2]
+    assert metadata.add_bos is False
+    assert metadata.tokenizer_json is None
+    assert metadata.chat_template is not None
+    assert metadata.chat_template.startswith("{% for message in messages %}")
 
 
 def test_gguf_end_of_generation_set(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "m.gguf", bos_token_id=256, eos_token_id=256, eom_token_id=260)
-    card = read_card(path)
+    metadata = read_tokenizer_metadata(path)
     # eos says <|im_start|> (256); <|im_end|> 257, <|endoftext|> 258, <|eot_id|> 259 are control
     # end-of-turn texts; eom names 260 (<tool>); the NORMAL "<|end|>" (261) is not special
-    assert card.eos_ids == [256, 257, 258, 259, 260]
-    assert card.bos_token == card.eos_token == "<|im_start|>"
-    assert card.merges == ["Ġ t", "Ġt h"]
-    assert card.pre_tokenizer == "default"
-    assert card.chat_template == "{{ messages[0]['content'] }}"
-    assert card.tokens[97] == "a"
-    assert card.tokens[32] == "Ġ"
+    assert metadata.eos_ids == [256, 257, 258, 259, 260]
+    assert metadata.bos_token == metadata.eos_token == "<|im_start|>"
+    assert metadata.merges == ["Ġ t", "Ġt h"]
+    assert metadata.pre_tokenizer == "default"
+    assert metadata.chat_template == "{{ messages[0]['content'] }}"
+    assert metadata.tokens[97] == "a"
+    assert metadata.tokens[32] == "Ġ"
 
 
 def test_gguf_without_eos_metadata_takes_the_first_end_of_turn_token(tmp_path: Path) -> None:
-    card = read_card(write_gguf(tmp_path / "m.gguf"))
-    assert card.bos_id is None
-    assert card.bos_token == ""
-    assert card.eos_ids == [257, 258, 259]
-    assert card.eos_token == "<|im_end|>"
+    metadata = read_tokenizer_metadata(write_gguf(tmp_path / "m.gguf"))
+    assert metadata.bos_id is None
+    assert metadata.bos_token == ""
+    assert metadata.eos_ids == [257, 258, 259]
+    assert metadata.eos_token == "<|im_end|>"
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,7 @@ def test_gguf_refusals_name_the_file(
 ) -> None:
     path = write_gguf(tmp_path / "bad.gguf", model=model, **ids)
     with pytest.raises(ValueError, match=message) as info:
-        read_card(path)
+        read_tokenizer_metadata(path)
     assert str(path) in str(info.value)
 
 
@@ -106,12 +106,12 @@ def test_gguf_missing_tokens_and_garbage_file(tmp_path: Path) -> None:
     with pytest.raises(
         ValueError, match=r"empty\.gguf: GGUF metadata has no tokenizer\.ggml\.tokens"
     ):
-        read_card(tmp_path / "empty.gguf")
+        read_tokenizer_metadata(tmp_path / "empty.gguf")
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
     with pytest.raises(ValueError, match=r"junk\.gguf"):
-        read_card(tmp_path / "junk.gguf")
+        read_tokenizer_metadata(tmp_path / "junk.gguf")
     with pytest.raises(ValueError, match=r"not a \.gguf file or a model directory"):
-        read_card(tmp_path / "nothing.bin")
+        read_tokenizer_metadata(tmp_path / "nothing.bin")
 
 
 def write_hf_dir(root: Path, files: dict[str, object]) -> Path:
@@ -122,7 +122,7 @@ def write_hf_dir(root: Path, files: dict[str, object]) -> Path:
     return root
 
 
-def test_hf_dir_card(tmp_path: Path) -> None:
+def test_hf_dir_metadata(tmp_path: Path) -> None:
     root = write_hf_dir(
         tmp_path / "m",
         {
@@ -137,27 +137,27 @@ def test_hf_dir_card(tmp_path: Path) -> None:
             "config.json": {"eos_token_id": 98, "bos_token_id": None, "hidden_size": 8},
         },
     )
-    card = read_card(root)
-    assert card.tokenizer_json == (root / "tokenizer.json").read_text()
-    assert len(card.tokens) == 256 + len(SPECIALS)
-    assert card.tokens[97] == "a"
-    assert card.tokens[256:] == SPECIALS
-    assert card.token_types[:256] == [NORMAL] * 256
+    metadata = read_tokenizer_metadata(root)
+    assert metadata.tokenizer_json == (root / "tokenizer.json").read_text()
+    assert len(metadata.tokens) == 256 + len(SPECIALS)
+    assert metadata.tokens[97] == "a"
+    assert metadata.tokens[256:] == SPECIALS
+    assert metadata.token_types[:256] == [NORMAL] * 256
     # the config marks <tool> as not special: user-defined, outside the end-of-generation set
-    assert card.token_types[256:] == [CONTROL] * 4 + [USER_DEFINED]
-    assert card.bos_id == 256
-    assert card.bos_token == "<|im_start|>"
-    assert card.eos_token == "<|im_end|>"
+    assert metadata.token_types[256:] == [CONTROL] * 4 + [USER_DEFINED]
+    assert metadata.bos_id == 256
+    assert metadata.bos_token == "<|im_start|>"
+    assert metadata.eos_token == "<|im_end|>"
     # generation_config (259, 97) + config (98) + tokenizer_config's eos (257) + <|endoftext|>
-    assert card.eos_ids == [97, 98, 257, 258, 259]
-    assert card.chat_template == "generation"  # generation_config wins over tokenizer_config
-    assert card.add_bos is True
-    assert card.pre_tokenizer == "hf"
-    assert card.merges == []
+    assert metadata.eos_ids == [97, 98, 257, 258, 259]
+    assert metadata.chat_template == "generation"  # generation_config wins over tokenizer_config
+    assert metadata.add_bos is True
+    assert metadata.pre_tokenizer == "hf"
+    assert metadata.merges == []
 
 
 def test_hf_dir_minimal_and_template_fallbacks(tmp_path: Path) -> None:
-    bare = read_card(write_hf_dir(tmp_path / "bare", {}))
+    bare = read_tokenizer_metadata(write_hf_dir(tmp_path / "bare", {}))
     assert bare.chat_template is None
     assert bare.bos_id is None
     assert bare.bos_token == ""
@@ -172,10 +172,14 @@ def test_hf_dir_minimal_and_template_fallbacks(tmp_path: Path) -> None:
         ]
     }
     assert (
-        read_card(write_hf_dir(tmp_path / "named", {"tokenizer_config.json": named})).chat_template
+        read_tokenizer_metadata(
+            write_hf_dir(tmp_path / "named", {"tokenizer_config.json": named})
+        ).chat_template
         == "d"
     )
-    jinja = read_card(write_hf_dir(tmp_path / "jinja", {"chat_template.jinja": "from file"}))
+    jinja = read_tokenizer_metadata(
+        write_hf_dir(tmp_path / "jinja", {"chat_template.jinja": "from file"})
+    )
     assert jinja.chat_template == "from file"
 
 
@@ -203,7 +207,7 @@ def test_hf_dir_add_bos_from_post_processor(tmp_path: Path) -> None:
     }
     root = write_hf_dir(tmp_path / "m", {"tokenizer_config.json": {"bos_token": "<|im_start|>"}})
     (root / "tokenizer.json").write_text(json.dumps(doc))
-    assert read_card(root).add_bos is True
+    assert read_tokenizer_metadata(root).add_bos is True
 
 
 @pytest.mark.parametrize(
@@ -229,7 +233,7 @@ def test_hf_dir_refusals_name_the_file(
 ) -> None:
     root = write_hf_dir(tmp_path / "m", files)
     with pytest.raises(ValueError, match=message) as info:
-        read_card(root)
+        read_tokenizer_metadata(root)
     assert str(root / where) in str(info.value)
 
 
@@ -237,7 +241,7 @@ def test_hf_dir_without_tokenizer_json(tmp_path: Path) -> None:
     root = write_hf_dir(tmp_path / "m", {})
     (root / "tokenizer.json").unlink()
     with pytest.raises(ValueError, match=r"tokenizer\.json: missing"):
-        read_card(root)
+        read_tokenizer_metadata(root)
     (root / "tokenizer.json").write_text('{"model": {"vocab": {"a": "zero"}}}')
     with pytest.raises(ValueError, match=r"tokenizer\.json: .*vocab"):
-        read_card(root)
+        read_tokenizer_metadata(root)
