@@ -108,12 +108,3 @@ def test_frontend_rooms_import_only_the_rooms_below_them(path: Path) -> None:
     for name in modules(path):
         if name.split(".")[0] == "frontend":
             assert ".".join(name.split(".")[:2]) in allowed, f"{rel} imports {name}"
-
-
-def test_no_file_over_300_lines() -> None:
-    long = [
-        f"{p.relative_to(ROOT)}: {n}"
-        for p in SOURCES
-        if (n := len(p.read_text().splitlines())) > 300
-    ]
-    assert not long
