@@ -31,8 +31,8 @@ def test_a_silent_frontend_is_forgotten(tiny: TinyModels, monkeypatch: pytest.Mo
         core.clock.now += 1.0
         core.send(Heartbeat(), client=other)
         core.tick()
-    assert [r.rid for r in core.engine.scheduler.running] == ["chatty"]
-    assert "quiet" not in core.engine.owner
+    assert list(core.engine.scheduler.running) == ["chatty"]
+    assert "quiet" not in core.engine.requests
     assert FE not in core.engine.clients
     core.send(Abort(["chatty"]), client=other)
     core.tick()
@@ -95,7 +95,7 @@ def test_a_frontend_cannot_abort_another_frontends_request(
     core.tick()
     core.send(Abort(["again"]))  # its owner may
     core.tick()
-    assert "again" not in core.engine.owner
+    assert "again" not in core.engine.requests
     assert core.stats().kv_blocks_used == 0
 
 
@@ -109,7 +109,7 @@ def test_a_drain_past_its_timeout_ends_what_is_left_as_aborted(
     core.engine.drain()
     core.clock.now += 4.9
     core.tick()
-    assert set(core.engine.owner) == {"long", "queued"}  # still within the timeout: at work
+    assert set(core.engine.requests) == {"long", "queued"}  # still within the timeout: at work
     assert len(tokens_of(core.events(), "long")) == 2
     core.clock.now += 0.2
     core.tick()
