@@ -10,7 +10,7 @@ from enginecore.block_manager import BlockManager
 from enginecore.channel import Channel
 from enginecore.embedder import Embedder
 from enginecore.model_runner import ModelRunner
-from enginecore.request import Request, invalid_submit
+from enginecore.request import Request, RequestStatus, invalid_submit
 from enginecore.sampler import Sampler, make_generator
 from enginecore.scheduler import Events, Scheduler
 from shared.protocol import (
@@ -36,6 +36,9 @@ from shared.protocol import (
 
 log = logging.getLogger(__name__)
 IDLE_POLL_MS = 500  # how often an idle core wakes to check client liveness
+# a forward pass that raises fails its step's requests and the loop goes on; this many failed
+# steps in a row mean the core itself is broken: it exits non-zero, to be respawned
+MAX_FAILED_STEPS = 3
 
 
 class Engine:
@@ -69,6 +72,7 @@ class Engine:
         self.drain_deadline = float("inf")  # past it, a drain cuts what is still running
         self.batch_tokens = 0
         self.steps_total = 0
+        self.failed_steps = 0  # consecutive steps whose forward pass raised
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -88,7 +92,13 @@ class Engine:
         """One pass: every pending message, liveness and deadlines, then a step if there is work."""
         busy = self.scheduler.has_work()
         for client, msg in self.channel.recv_all(0 if busy else IDLE_POLL_MS):
-            self.handle(client, msg)
+            try:
+                self.handle(client, msg)
+            except Exception:
+                # one message's failure is that request's, never the loop's
+                log.exception("failed on a %s from %r", type(msg).__name__, client)
+                if isinstance(msg, Submit | Embed):
+                    self.refuse_failed(client, msg.rid)
         self.check_clients()
         self.expire_waiting()
         self.cut_overdue_drain()
@@ -183,6 +193,15 @@ class Engine:
             return RejectReason.QUEUE_FULL, "the admission queue is full"
         return None
 
+    def refuse_failed(self, client: bytes, rid: str) -> None:
+        """The core failed while taking `rid`: drop whatever it made of it and say so."""
+        req = self.requests.get(rid)
+        if req is not None and req.client == client:
+            self.scheduler.finish(rid, RequestStatus.FINISHED_ERROR)
+        self.channel.send(
+            client, Rejected(rid, RejectReason.INTERNAL, "the engine core failed on this request")
+        )
+
     def abort(self, rid: str, client: bytes) -> None:
         """Drop a request of `client`'s; another frontend's request of that id is left alone."""
         req = self.requests.get(rid)
@@ -219,7 +238,20 @@ class Engine:
         scheduled = self.scheduler.schedule()
         if scheduled is None:
             return
-        logits = self.runner.run(scheduled.batch)
+        try:
+            logits = self.runner.run(scheduled.batch)
+        except Exception:
+            self.failed_steps += 1
+            log.exception(
+                "the forward pass failed (%d in a row): failing the step's %d requests",
+                self.failed_steps,
+                len(scheduled.seqs),
+            )
+            self.send_events(self.scheduler.fail(scheduled))
+            if self.failed_steps >= MAX_FAILED_STEPS:
+                raise
+            return
+        self.failed_steps = 0
         sampled = self.sampler.emit(logits, scheduled.sampling())
         events = self.scheduler.update_from_output(scheduled, sampled)
         self.batch_tokens = scheduled.batch.num_tokens

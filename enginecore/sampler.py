@@ -23,6 +23,7 @@ drafts the rule is one plain sample.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
@@ -30,6 +31,8 @@ import numpy as np
 import numpy.typing as npt
 
 from shared.protocol import SamplingParams, TokenLogprob, TopLogprob
+
+log = logging.getLogger(__name__)
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
 TOP_P_FIRST_GUESS = 64  # top-p first looks at this many best tokens, growing x4, before a full sort
@@ -64,6 +67,10 @@ class Sampled(NamedTuple):
 
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None
+    failed: bool = False  # sampling raised for this sequence: it ends with an error
+
+
+FAILED = Sampled([], None, failed=True)
 
 
 class Distribution(NamedTuple):
@@ -199,32 +206,37 @@ class Sampler:
 
     def emit(self, logits: Logits, seqs: Sequence[SampleSeq]) -> list[Sampled]:
         """Every sequence's new tokens from one forward pass, in order; logits (rows, vocab)
-        holds each sequence's num_rows rows one after the other."""
+        holds each sequence's num_rows rows one after the other. A sequence whose sampling
+        raises comes out `failed` (logged here); the others are unaffected."""
         assert logits.shape == (sum(s.num_rows for s in seqs), self.vocab_size), logits.shape
         # the greedy choice of every row at once: an all-greedy batch needs nothing else
         best: list[int] = np.argmax(logits, axis=1).tolist()
         out: list[Sampled] = []
         start = 0
-        for row, num_rows, drafts in seqs:
-            assert num_rows in (0, len(drafts) + 1), (num_rows, len(drafts))
-            if num_rows == 0:
-                out.append(Sampled([], None))
-                continue
-            rows = logits[start : start + num_rows]
-            p = row.params
-            if is_greedy(p) and not has_penalties(p):
-                tokens = accept_drafts(drafts, best[start : start + num_rows].__getitem__)
-            else:
-                tokens = accept_drafts(drafts, self._target(rows, row, drafts))
-            n_top = p.logprobs
-            logprobs = (
-                None
-                if n_top is None
-                else [self.logprobs_row(rows[j], t, n_top) for j, t in enumerate(tokens)]
-            )
-            out.append(Sampled(tokens, logprobs))
-            start += num_rows
+        for seq in seqs:
+            end = start + seq.num_rows
+            try:
+                out.append(self._emit_one(logits[start:end], best[start:end], seq))
+            except Exception:
+                log.exception("sampling failed for one sequence of the step")
+                out.append(FAILED)
+            start = end
         return out
+
+    def _emit_one(self, rows: Logits, best: list[int], seq: SampleSeq) -> Sampled:
+        row, num_rows, drafts = seq
+        assert num_rows in (0, len(drafts) + 1), (num_rows, len(drafts))
+        if num_rows == 0:
+            return Sampled([], None)
+        p = row.params
+        if is_greedy(p) and not has_penalties(p):
+            tokens = accept_drafts(drafts, best.__getitem__)
+        else:
+            tokens = accept_drafts(drafts, self._target(rows, row, drafts))
+        n_top = p.logprobs
+        if n_top is None:
+            return Sampled(tokens, None)
+        return Sampled(tokens, [self.logprobs_row(rows[j], t, n_top) for j, t in enumerate(tokens)])
 
     def _target(self, rows: Logits, row: RowInfo, drafts: Sequence[int]) -> Callable[[int], int]:
         """The token a plain step would emit at position j, having seen drafts[:j]."""

@@ -13,6 +13,7 @@ scheduled sequence emitted and returns the step's events, grouped by the fronten
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -22,7 +23,9 @@ from enginecore.block_manager import BlockManager
 from enginecore.request import FINISH_REASON, Request, RequestStatus
 from enginecore.sampler import Sampled, SampleSeq
 from enginecore.spec import NgramProposer, drafts_allowed, record_verification
-from shared.protocol import TokenEvent
+from shared.protocol import FinishReason, TokenEvent, TokenLogprob
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,12 +101,25 @@ class Scheduler:
 
     def abort(self, rid: str) -> Request | None:
         """Finish `rid` as aborted and free its blocks; None if it is not live."""
+        return self.finish(rid, RequestStatus.FINISHED_ABORTED)
+
+    def finish(self, rid: str, status: RequestStatus) -> Request | None:
+        """End `rid` now with `status` and free its blocks; None if it is not live."""
+        assert status.is_finished, status
         req = self.requests.pop(rid, None)
         if req is not None:
             self.waiting.pop(rid, None)
             self.running.pop(rid, None)
-            self._release(req, RequestStatus.FINISHED_ABORTED)
+            self._release(req, status)
         return req
+
+    def fail(self, scheduled: Scheduled) -> Events:
+        """The step's forward pass failed: each of its requests ends with an error."""
+        events: Events = defaultdict(list)
+        for seq in scheduled.seqs:
+            if self.finish(seq.req.rid, RequestStatus.FINISHED_ERROR) is not None:
+                events[seq.req.client].append(_event(seq.req, [], FinishReason.ERROR))
+        return events
 
     # ---- one step ------------------------------------------------------------------------
 
@@ -215,6 +231,11 @@ class Scheduler:
         for (req, chunk, drafts), out in zip(scheduled.seqs, sampled, strict=True):
             if req.status != RequestStatus.RUNNING:
                 continue
+            if out.failed:
+                log.error("request %s failed in sampling: it ends with an error", req.rid)
+                self.finish(req.rid, RequestStatus.FINISHED_ERROR)
+                events[req.client].append(_event(req, [], FinishReason.ERROR))
+                continue
             new = out.token_ids
             # fed tokens are computed, except drafts beyond the accepted ones
             full_before = req.num_computed // self.blocks.block_size
@@ -230,23 +251,15 @@ class Scheduler:
                 emitted += 1
                 status = self._finish_status(req, token)
                 if status is not None:
-                    del self.running[req.rid], self.requests[req.rid]
-                    self._release(req, status)
+                    self.finish(req.rid, status)
                     break
             else:  # publish blocks this step filled (no O(context) copy on the other steps)
                 if req.num_computed // self.blocks.block_size > full_before:
                     self.blocks.cache_full_blocks(req.rid, req.all_ids[: req.num_computed])
             if emitted or status is not None:
-                events[req.client].append(
-                    TokenEvent(
-                        rid=req.rid,
-                        token_ids=new[:emitted],
-                        finish=None if status is None else FINISH_REASON[status],
-                        num_prompt_tokens=len(req.prompt_ids),
-                        num_cached_tokens=req.num_cached_tokens,
-                        logprobs=None if out.logprobs is None else out.logprobs[:emitted],
-                    )
-                )
+                finish = None if status is None else FINISH_REASON[status]
+                logprobs = None if out.logprobs is None else out.logprobs[:emitted]
+                events[req.client].append(_event(req, new[:emitted], finish, logprobs))
         return events
 
     def _finish_status(self, req: Request, token: int) -> RequestStatus | None:
@@ -259,3 +272,19 @@ class Scheduler:
     def _release(self, req: Request, status: RequestStatus) -> None:
         self.blocks.free(req.rid, req.all_ids[: req.num_computed])
         req.status = status
+
+
+def _event(
+    req: Request,
+    token_ids: list[int],
+    finish: FinishReason | None,
+    logprobs: list[TokenLogprob] | None = None,
+) -> TokenEvent:
+    return TokenEvent(
+        rid=req.rid,
+        token_ids=token_ids,
+        finish=finish,
+        num_prompt_tokens=len(req.prompt_ids),
+        num_cached_tokens=req.num_cached_tokens,
+        logprobs=logprobs,
+    )
