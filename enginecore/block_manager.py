@@ -5,17 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from enginecore.free_blocks import FreeBlocks
 from enginecore.radix_cache import RadixCache
-
-
-class Allocation(NamedTuple):
-    """A new sequence's block table and how many of its leading tokens are already cached."""
-
-    block_table: list[int]
-    num_cached_tokens: int
 
 
 @dataclass(slots=True)
@@ -35,7 +27,7 @@ class _Live:
 # then its own full blocks, published in order. Publishing a block whose tokens are already
 # cached under another block (two sequences computed the same prefix independently) swaps the
 # table entry to the tree's block, which holds the same KV, and frees the duplicate at once.
-# Live tables are tracked by identity: pass back the very list that `allocate` returned.
+# Live tables are keyed by their owner's request id (or a scratch key for one-off forwards).
 
 
 class BlockManager:
@@ -50,7 +42,7 @@ class BlockManager:
         self.cache = RadixCache(block_size)  # stays empty when prefix_cache is off
         self._free = FreeBlocks(num_blocks)
         self._private: set[int] = set()
-        self._live: dict[int, _Live] = {}  # id(block_table) -> its bookkeeping
+        self._live: dict[str, _Live] = {}  # request id -> its table's bookkeeping
         self.evictions_total = 0
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
@@ -88,15 +80,26 @@ class BlockManager:
         """Whether `num_tokens` slots fit without any prefix hit (a conservative check)."""
         return self.blocks_needed(num_tokens) <= self.num_available
 
+    def has(self, rid: str) -> bool:
+        """Whether `rid` holds a live table."""
+        return rid in self._live
+
+    def table(self, rid: str) -> list[int]:
+        """The block ids of `rid`'s table, in position order; [] if it holds none. Read only."""
+        live = self._live.get(rid)
+        return [] if live is None else live.block_table
+
     def allocate(
-        self, token_ids: Sequence[int], max_new_tokens: int | None = None
-    ) -> Allocation | None:
-        """Start a sequence: reuse its cached prefix and reserve slots for the next tokens.
+        self, rid: str, token_ids: Sequence[int], max_new_tokens: int | None = None
+    ) -> int | None:
+        """Start `rid`'s table: reuse its cached prefix and reserve slots for the next tokens.
 
         Slots are reserved for the cached prefix plus min(uncached tokens, `max_new_tokens`)
-        (all of `token_ids` by default). Returns None, changing nothing, if the pool is short.
-        At least one token is always left uncached, so the caller has logits to sample from.
+        (all of `token_ids` by default). Returns how many leading tokens were found cached, or
+        None, changing nothing, if the pool is short. At least one token is always left
+        uncached, so the caller has logits to sample from.
         """
+        assert rid not in self._live, f"{rid!r} already holds a table"
         max_blocks = max(len(token_ids) - 1, 0) // self.block_size
         match = self.cache.match(token_ids, max_blocks)
         num_new = len(token_ids) - match.num_tokens
@@ -108,23 +111,24 @@ class BlockManager:
         if new_blocks is None:
             self.cache.unlock(match.block_ids)
             return None
-        block_table = match.block_ids + new_blocks
-        self._live[id(block_table)] = _Live(block_table, len(match.block_ids))
+        self._live[rid] = _Live(match.block_ids + new_blocks, len(match.block_ids))
         self.prefix_query_tokens += len(token_ids)
         self.prefix_hit_tokens += match.num_tokens
-        return Allocation(block_table, match.num_tokens)
+        return match.num_tokens
 
-    def allocate_scratch(self, num_tokens: int) -> list[int] | None:
-        """A private table for a one-off forward (embeddings); release it with free([], table)."""
+    def allocate_scratch(self, key: str, num_tokens: int) -> list[int] | None:
+        """A private table under `key` for a one-off forward (embeddings), never published;
+        release it with free(key, [])."""
+        assert key not in self._live, f"{key!r} already holds a table"
         blocks = self._take(self.blocks_needed(num_tokens), None)
         if blocks is None:
             return None
-        self._live[id(blocks)] = _Live(blocks, 0)
+        self._live[key] = _Live(blocks, 0)
         return blocks
 
-    def append_slots(self, block_table: list[int], num_tokens: int) -> bool:
-        """Grow a live table to hold `num_tokens` slots; False, changing nothing, if short."""
-        assert id(block_table) in self._live, "unknown block table"
+    def append_slots(self, rid: str, num_tokens: int) -> bool:
+        """Grow `rid`'s table to hold `num_tokens` slots; False, changing nothing, if short."""
+        block_table = self._live[rid].block_table
         need = self.blocks_needed(num_tokens) - len(block_table)
         new_blocks = self._take(need, block_table[-1] if block_table else None)
         if new_blocks is None:
@@ -132,16 +136,17 @@ class BlockManager:
         block_table.extend(new_blocks)
         return True
 
-    def cache_full_blocks(self, token_ids: Sequence[int], block_table: list[int]) -> None:
+    def cache_full_blocks(self, rid: str, token_ids: Sequence[int]) -> None:
         """Publish the full blocks of `token_ids` so later requests can share them.
 
-        `token_ids` must be the tokens whose KV is written and final (the computed prefix,
-        never a freshly sampled token or an unverified draft). May swap entries of
-        `block_table` for identical cached blocks (see Ownership above).
+        `token_ids` must be `rid`'s tokens whose KV is written and final (the computed prefix,
+        never a freshly sampled token or an unverified draft). May swap entries of its table
+        for identical cached blocks (see Ownership above).
         """
-        live = self._live[id(block_table)]
+        live = self._live[rid]
         if not self.prefix_cache:
             return
+        block_table = live.block_table
         num_full = min(len(token_ids) // self.block_size, len(block_table))
         if num_full <= live.num_published:
             return
@@ -158,22 +163,20 @@ class BlockManager:
         self.cache.lock(tree_ids[start:num_full])
         live.num_published = num_full
 
-    def free(self, token_ids: Sequence[int], block_table: list[int]) -> None:
-        """Release a finished, aborted or preempted sequence's table and clear it.
-
-        Its full computed blocks are published first (see `cache_full_blocks` for what
+    def free(self, rid: str, token_ids: Sequence[int]) -> None:
+        """Release the table of a finished, aborted or preempted sequence (nothing if it holds
+        none). Its full computed blocks are published first (see `cache_full_blocks` for what
         `token_ids` must be), so they stay cached; the rest go back to free.
         """
-        if id(block_table) not in self._live:
-            assert not block_table, "unknown block table"
-            return  # never allocated
-        self.cache_full_blocks(token_ids, block_table)
-        live = self._live.pop(id(block_table))
+        if rid not in self._live:
+            return  # never allocated, or freed already
+        self.cache_full_blocks(rid, token_ids)
+        live = self._live.pop(rid)
+        block_table = live.block_table
         self.cache.unlock(block_table[: live.num_published])
         for block_id in block_table[live.num_published :]:
             self._private.remove(block_id)
             self._free.put(block_id)
-        block_table.clear()
 
     def _take(self, num_blocks: int, after: int | None) -> list[int] | None:
         """Take blocks for private use, evicting LRU cached blocks if free ones run out; where
@@ -205,8 +208,7 @@ class BlockManager:
         assert self.num_free + self.num_cached + self.num_used == self.num_blocks
         refs: Counter[int] = Counter()
         private_uses: Counter[int] = Counter()
-        for key, live in self._live.items():
-            assert id(live.block_table) == key
+        for live in self._live.values():
             table = live.block_table
             assert all(b in self.cache for b in table[: live.num_published])
             assert all(b in self._private for b in table[live.num_published :])

@@ -15,7 +15,9 @@ class Embedder:
         self.blocks = blocks
         self.max_model_len = max_model_len
 
-    def embed(self, inputs: list[list[int]]) -> list[list[float]] | tuple[RejectReason, str]:
+    def embed(
+        self, rid: str, inputs: list[list[int]]
+    ) -> list[list[float]] | tuple[RejectReason, str]:
         """One unit vector per input, in input order; or why the inputs cannot be embedded."""
         vocab = self.runner.cfg.vocab_size
         for ids in inputs:
@@ -24,17 +26,20 @@ class Embedder:
                     RejectReason.INVALID,
                     f"each input needs 1..{self.max_model_len} token ids in [0, {vocab})",
                 )
+        # scratch blocks under a key no generation request holds, never published to the
+        # prefix cache: every position's hidden state is needed, so nothing may be skipped
+        key = f"embed:{rid}"
+        if self.blocks.has(key):
+            return RejectReason.INVALID, f"request id {rid!r} is already in use"
         vectors = []
         for ids in inputs:
-            # scratch blocks, never published to the prefix cache: every position's hidden
-            # state is needed, so nothing may be skipped as cached
-            table = self.blocks.allocate_scratch(len(ids))
+            table = self.blocks.allocate_scratch(key, len(ids))
             if table is None:
                 return RejectReason.NO_CAPACITY, "no KV blocks free for embeddings"
             try:
                 hidden = self.runner.hidden_states(ids, table)  # (n, d)
             finally:
-                self.blocks.free([], table)
+                self.blocks.free(key, [])
             mean = hidden.astype(np.float64).mean(axis=0)
             vectors.append((mean / max(float(np.linalg.norm(mean)), 1e-12)).tolist())
         return vectors

@@ -10,10 +10,9 @@ from enginecore.block_manager import BlockManager
 from enginecore.channel import Channel
 from enginecore.embedder import Embedder
 from enginecore.model_runner import ModelRunner
-from enginecore.request import FINISH_REASON, Request, invalid_submit
+from enginecore.request import Request, RequestStatus, invalid_submit
 from enginecore.sampler import Sampler, make_generator
-from enginecore.scheduler import Scheduler
-from enginecore.spec import emit
+from enginecore.scheduler import Events, Scheduler
 from shared.protocol import (
     Abort,
     Bye,
@@ -37,6 +36,9 @@ from shared.protocol import (
 
 log = logging.getLogger(__name__)
 IDLE_POLL_MS = 500  # how often an idle core wakes to check client liveness
+# a forward pass that raises fails its step's requests and the loop goes on; this many failed
+# steps in a row mean the core itself is broken: it exits non-zero, to be respawned
+MAX_FAILED_STEPS = 3
 
 
 class Engine:
@@ -64,14 +66,13 @@ class Engine:
         self.queue_deadline_ms = queue_deadline_ms
         self.step_delay_s = step_delay_ms / 1000
         self.clients: dict[bytes, float] = {}  # identity -> last time heard from
-        self.owner: dict[str, Request] = {}  # rid -> live request
+        self.requests = scheduler.requests  # every live request, by id (the scheduler's)
         self.draining = False
         self.drain_timeout_s = drain_timeout_s
         self.drain_deadline = float("inf")  # past it, a drain cuts what is still running
         self.batch_tokens = 0
         self.steps_total = 0
-        self.spec_proposed = 0
-        self.spec_accepted = 0
+        self.failed_steps = 0  # consecutive steps whose forward pass raised
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -91,7 +92,13 @@ class Engine:
         """One pass: every pending message, liveness and deadlines, then a step if there is work."""
         busy = self.scheduler.has_work()
         for client, msg in self.channel.recv_all(0 if busy else IDLE_POLL_MS):
-            self.handle(client, msg)
+            try:
+                self.handle(client, msg)
+            except Exception:
+                # one message's failure is that request's, never the loop's
+                log.exception("failed on a %s from %r", type(msg).__name__, client)
+                if isinstance(msg, Submit | Embed):
+                    self.refuse_failed(client, msg.rid)
         self.check_clients()
         self.expire_waiting()
         self.cut_overdue_drain()
@@ -112,15 +119,14 @@ class Engine:
         self.draining = True
 
     def cut_overdue_drain(self) -> None:
-        if not self.owner or time.monotonic() < self.drain_deadline:
+        if not self.requests or time.monotonic() < self.drain_deadline:
             return
-        log.warning("drain timeout: aborting %d unfinished requests", len(self.owner))
-        cut: dict[bytes, list[TokenEvent]] = defaultdict(list)
-        for rid, req in list(self.owner.items()):
+        log.warning("drain timeout: aborting %d unfinished requests", len(self.requests))
+        cut: Events = defaultdict(list)
+        for rid, req in list(self.requests.items()):
             cut[req.client].append(TokenEvent(rid, [], FinishReason.ABORT))
             self.abort(rid, req.client)
-        for client, events in cut.items():
-            self.channel.send(client, Step(events))
+        self.send_events(cut)
 
     def broadcast(self, msg: Shutdown) -> None:
         for client in self.clients:
@@ -168,13 +174,12 @@ class Engine:
             deadline=now + deadline_ms / 1000 if deadline_ms > 0 else None,
             generator=make_generator(p.seed),
         )
-        self.owner[msg.rid] = req
         self.scheduler.add(req)
 
     def refusal(self, msg: Submit) -> tuple[RejectReason, str] | None:
         if self.draining:
             return RejectReason.SHUTTING_DOWN, "the engine core is shutting down"
-        if msg.rid in self.owner:
+        if msg.rid in self.requests:
             return RejectReason.INVALID, f"request id {msg.rid!r} is already in use"
         w = self.welcome
         if bad := invalid_submit(msg.prompt_ids, msg.params, w.max_model_len, w.vocab_size):
@@ -188,17 +193,25 @@ class Engine:
             return RejectReason.QUEUE_FULL, "the admission queue is full"
         return None
 
+    def refuse_failed(self, client: bytes, rid: str) -> None:
+        """The core failed while taking `rid`: drop whatever it made of it and say so."""
+        req = self.requests.get(rid)
+        if req is not None and req.client == client:
+            self.scheduler.finish(rid, RequestStatus.FINISHED_ERROR)
+        self.channel.send(
+            client, Rejected(rid, RejectReason.INTERNAL, "the engine core failed on this request")
+        )
+
     def abort(self, rid: str, client: bytes) -> None:
         """Drop a request of `client`'s; another frontend's request of that id is left alone."""
-        req = self.owner.get(rid)
+        req = self.requests.get(rid)
         if req is not None and req.client == client:
-            del self.owner[rid]
             self.scheduler.abort(rid)
 
     def forget(self, client: bytes) -> None:
         """A frontend left or went silent: abort everything it owns."""
         self.clients.pop(client, None)
-        for rid in [rid for rid, r in self.owner.items() if r.client == client]:
+        for rid in [rid for rid, r in self.requests.items() if r.client == client]:
             self.abort(rid, client)
 
     def check_clients(self) -> None:
@@ -213,7 +226,6 @@ class Engine:
 
     def expire_waiting(self) -> None:
         for req in self.scheduler.expire(time.monotonic()):
-            self.owner.pop(req.rid, None)
             self.channel.send(
                 req.client,
                 Rejected(req.rid, RejectReason.NO_CAPACITY, "waited too long for capacity"),
@@ -222,43 +234,40 @@ class Engine:
     # ---- one step ------------------------------------------------------------------------
 
     def step(self) -> None:
+        """Schedule, run the forward pass, sample, and send each frontend its events."""
         scheduled = self.scheduler.schedule()
         if scheduled is None:
             return
-        logits = self.runner.run(scheduled.batch)
-        emitted = emit(self.sampler, scheduled.requests, scheduled.chunks, logits)
-        self.spec_proposed += emitted.proposed
-        self.spec_accepted += emitted.accepted
-        finished = self.scheduler.update(scheduled, emitted.ids)
+        try:
+            logits = self.runner.run(scheduled.batch)
+        except Exception:
+            self.failed_steps += 1
+            log.exception(
+                "the forward pass failed (%d in a row): failing the step's %d requests",
+                self.failed_steps,
+                len(scheduled.seqs),
+            )
+            self.send_events(self.scheduler.fail(scheduled))
+            if self.failed_steps >= MAX_FAILED_STEPS:
+                raise
+            return
+        self.failed_steps = 0
+        sampled = self.sampler.emit(logits, scheduled.sampling())
+        events = self.scheduler.update_from_output(scheduled, sampled)
         self.batch_tokens = scheduled.batch.num_tokens
         self.steps_total += 1
-        events: dict[bytes, list[TokenEvent]] = defaultdict(list)
-        for req in scheduled.requests:
-            if not req.new_ids and not req.status.is_finished:
-                continue
-            events[req.client].append(
-                TokenEvent(
-                    rid=req.rid,
-                    token_ids=req.new_ids,
-                    finish=FINISH_REASON.get(req.status),
-                    num_prompt_tokens=len(req.prompt_ids),
-                    num_cached_tokens=req.num_cached_tokens,
-                    logprobs=req.new_logprobs[: len(req.new_ids)]
-                    if req.params.logprobs is not None
-                    else None,
-                )
-            )
-        for req in finished:
-            self.owner.pop(req.rid, None)
-        for client, evs in events.items():
-            self.channel.send(client, Step(evs))
+        self.send_events(events)
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
+
+    def send_events(self, events: Events) -> None:
+        for client, evs in events.items():
+            self.channel.send(client, Step(evs))
 
     # ---- between steps -------------------------------------------------------------------
 
     def embed(self, client: bytes, msg: Embed) -> None:
-        result = self.embedder.embed(msg.inputs)
+        result = self.embedder.embed(msg.rid, msg.inputs)
         if isinstance(result, tuple):
             self.channel.send(client, Rejected(msg.rid, result[0], result[1]))
         else:
@@ -279,7 +288,7 @@ class Engine:
             prefix_cache_hits=b.prefix_hit_tokens,
             preemptions_total=self.scheduler.preemptions_total,
             kv_evictions_total=b.evictions_total,
-            spec_proposed_total=self.spec_proposed,
-            spec_accepted_total=self.spec_accepted,
+            spec_proposed_total=self.scheduler.spec_proposed_total,
+            spec_accepted_total=self.scheduler.spec_accepted_total,
             steps_total=self.steps_total,
         )

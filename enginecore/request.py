@@ -8,7 +8,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from shared.protocol import FinishReason, RejectReason, SamplingParams, TokenLogprob
+from shared.protocol import FinishReason, RejectReason, SamplingParams
 
 
 class RequestStatus(IntEnum):
@@ -86,18 +86,13 @@ class Request:
     generator: np.random.Generator
     status: RequestStatus = RequestStatus.WAITING
     output_ids: list[int] = field(default_factory=list)
-    block_table: list[int] = field(default_factory=list)
     num_computed: int = 0  # leading tokens whose KV is in the cache
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     num_preemptions: int = 0
-    drafts: list[int] = field(default_factory=list)  # speculative tokens fed this step
     # how many drafts to propose next, and steps left without drafts (enginecore/spec.py)
     draft_len: int = 2
     draft_pause: int = 0
     draft_backoff: int = 0
-    # what the current step produced, for the event to the frontend
-    new_ids: list[int] = field(default_factory=list)
-    new_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

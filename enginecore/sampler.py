@@ -8,17 +8,31 @@ seeded request samples the same tokens whatever else is in the batch. Greedy con
 
 Logprobs are the log-softmax of the RAW model logits (vLLM v1's default `raw_logprobs`): they
 describe the model, not the sampling settings, and never come out as -inf.
+
+`Sampler.emit` is the one output path of a step: every sampled sequence goes through the same
+acceptance rule, with or without speculative drafts. The draft distribution of prompt lookup is
+deterministic (q = one-hot on the draft), so standard speculative sampling reduces to: accept
+d_i with probability p_i(d_i), else emit a token from p_i with d_i zeroed, and emit a bonus
+token from p_k when every draft passed. It is realised by drawing t_i ~ p_i exactly as a plain
+step would (inverse CDF, one uniform) and accepting iff t_i == d_i: P(accept) = p_i(d_i) and,
+given a rejection, t_i ~ p_i restricted to tokens != d_i, which is exactly
+normalize(max(p_i - q_i, 0)). The output distribution is p, one uniform is spent per emitted
+token, and a seeded request emits the very tokens it would without speculation. With no
+drafts the rule is one plain sample.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from shared.protocol import SamplingParams, TokenLogprob, TopLogprob
+
+log = logging.getLogger(__name__)
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
 TOP_P_FIRST_GUESS = 64  # top-p first looks at this many best tokens, growing x4, before a full sort
@@ -38,6 +52,25 @@ class RowInfo(Protocol):
     def prompt_ids(self) -> Sequence[int]: ...
     @property
     def output_ids(self) -> Sequence[int]: ...
+
+
+class SampleSeq(NamedTuple):
+    """One scheduled sequence as the sampler sees it."""
+
+    row: RowInfo
+    num_rows: int  # its logits rows: 0 mid-prompt, else 1 + len(drafts)
+    drafts: Sequence[int]  # row j's logits come after drafts[:j]
+
+
+class Sampled(NamedTuple):
+    """What one sequence emits from a step: tokens, and their logprobs when asked for."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None
+    failed: bool = False  # sampling raised for this sequence: it ends with an error
+
+
+FAILED = Sampled([], None, failed=True)
 
 
 class Distribution(NamedTuple):
@@ -70,6 +103,21 @@ def draw(dist: Distribution, u: float) -> int:
     i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
     # u * cdf[-1] can round up to cdf[-1]; the last kept token owns that point.
     return int(dist.ids[min(i, dist.ids.size - 1)])
+
+
+def accept_drafts(drafts: Sequence[int], target: Callable[[int], int]) -> list[int]:
+    """The drafts the target agrees with, then its correction (or the bonus token).
+
+    target(j) is the token the request emits at position j having seen drafts[:j]; it is
+    called for j = 0, 1, ... until a draft is rejected or every draft is accepted.
+    """
+    out: list[int] = []
+    for j in range(len(drafts) + 1):
+        t = target(j)
+        out.append(t)
+        if j == len(drafts) or t != drafts[j]:
+            break
+    return out
 
 
 def top_ids(x: npt.NDArray[np.floating], k: int) -> Ids:
@@ -156,18 +204,48 @@ class Sampler:
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
 
-    def sample(self, logits: Logits, rows: Sequence[RowInfo]) -> npt.NDArray[np.int32]:
-        """One token per row of `logits` (rows, vocab)."""
-        assert logits.shape == (len(rows), self.vocab_size), logits.shape
-        out: npt.NDArray[np.int32] = np.argmax(logits, axis=1).astype(
-            np.int32
-        )  # (rows,): the all-greedy batch ends here
-        for i, row in enumerate(rows):
-            p = row.params
-            if p.temperature < GREEDY_EPS and not has_penalties(p):
-                continue
-            out[i] = self.sample_row(logits[i], p, row.generator, row.output_ids, row.prompt_ids)
+    def emit(self, logits: Logits, seqs: Sequence[SampleSeq]) -> list[Sampled]:
+        """Every sequence's new tokens from one forward pass, in order; logits (rows, vocab)
+        holds each sequence's num_rows rows one after the other. A sequence whose sampling
+        raises comes out `failed` (logged here); the others are unaffected."""
+        assert logits.shape == (sum(s.num_rows for s in seqs), self.vocab_size), logits.shape
+        # the greedy choice of every row at once: an all-greedy batch needs nothing else
+        best: list[int] = np.argmax(logits, axis=1).tolist()
+        out: list[Sampled] = []
+        start = 0
+        for seq in seqs:
+            end = start + seq.num_rows
+            try:
+                out.append(self._emit_one(logits[start:end], best[start:end], seq))
+            except Exception:
+                log.exception("sampling failed for one sequence of the step")
+                out.append(FAILED)
+            start = end
         return out
+
+    def _emit_one(self, rows: Logits, best: list[int], seq: SampleSeq) -> Sampled:
+        row, num_rows, drafts = seq
+        assert num_rows in (0, len(drafts) + 1), (num_rows, len(drafts))
+        if num_rows == 0:
+            return Sampled([], None)
+        p = row.params
+        if is_greedy(p) and not has_penalties(p):
+            tokens = accept_drafts(drafts, best.__getitem__)
+        else:
+            tokens = accept_drafts(drafts, self._target(rows, row, drafts))
+        n_top = p.logprobs
+        if n_top is None:
+            return Sampled(tokens, None)
+        return Sampled(tokens, [self.logprobs_row(rows[j], t, n_top) for j, t in enumerate(tokens)])
+
+    def _target(self, rows: Logits, row: RowInfo, drafts: Sequence[int]) -> Callable[[int], int]:
+        """The token a plain step would emit at position j, having seen drafts[:j]."""
+
+        def target(j: int) -> int:
+            seen = row.output_ids if j == 0 else [*row.output_ids, *drafts[:j]]
+            return self.sample_row(rows[j], row.params, row.generator, seen, row.prompt_ids)
+
+        return target
 
     def sample_row(
         self,
@@ -208,28 +286,6 @@ class Sampler:
         p = np.zeros(logits_row.size, dtype=np.float64)
         p[dist.ids] = dist.probs
         return p
-
-    def target_probs(
-        self, logits: Logits, row: RowInfo, drafts: Sequence[int]
-    ) -> npt.NDArray[np.float64]:
-        """(k+1, vocab) distributions at the k+1 verified positions; position j sees drafts[:j]."""
-        assert logits.shape[0] == len(drafts) + 1, (logits.shape, len(drafts))
-        out = list(row.output_ids)
-        rows = []
-        for j in range(len(drafts) + 1):
-            rows.append(self.probs(logits[j], row.params, out + list(drafts[:j]), row.prompt_ids))
-        return np.stack(rows)
-
-    def target_ids(self, logits: Logits, row: RowInfo, drafts: Sequence[int]) -> list[int]:
-        """Greedy tokens at the k+1 verified positions; position j sees drafts[:j]."""
-        assert logits.shape[0] == len(drafts) + 1, (logits.shape, len(drafts))
-        if not has_penalties(row.params):
-            return [int(t) for t in np.argmax(logits, axis=1)]
-        out = list(row.output_ids)
-        return [
-            int(np.argmax(penalized(logits[j], row.params, row.prompt_ids, out + list(drafts[:j]))))
-            for j in range(len(drafts) + 1)
-        ]
 
     @staticmethod
     def logprobs_row(logits_row: Logits, token_id: int, n: int) -> TokenLogprob:

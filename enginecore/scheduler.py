@@ -5,17 +5,27 @@ then new requests by priority, then speculative drafts for the decodes from what
 and free slots are left (so drafting never delays anyone). When blocks run out a decode
 preempts the lowest-priority, newest running request (recompute: its blocks are freed,
 their full blocks stay in the prefix cache, and it waits at the head of its priority).
+
+The scheduler holds the one registry of live requests (`requests`, by id); `waiting` and
+`running` are its two queues. After the forward pass, `update_from_output` records what each
+scheduled sequence emitted and returns the step's events, grouped by the frontend to tell.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from enginecore.batch import Batch, SeqChunk
 from enginecore.block_manager import BlockManager
-from enginecore.request import Request, RequestStatus
+from enginecore.request import FINISH_REASON, Request, RequestStatus
+from enginecore.sampler import Sampled, SampleSeq
 from enginecore.spec import NgramProposer, drafts_allowed, record_verification
+from shared.protocol import FinishReason, TokenEvent, TokenLogprob
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,10 +37,24 @@ class SchedulerConfig:
     queue_capacity: int
 
 
+class ScheduledSeq(NamedTuple):
+    """One sequence of a step: its request, the chunk it feeds, and the drafts in that chunk."""
+
+    req: Request
+    chunk: SeqChunk
+    drafts: list[int]  # speculative tokens fed after the last real one ([] if none)
+
+
 class Scheduled(NamedTuple):
     batch: Batch
-    requests: list[Request]  # in the order of the batch's sequences
-    chunks: list[SeqChunk]
+    seqs: list[ScheduledSeq]  # in the order of the batch's sequences
+
+    def sampling(self) -> list[SampleSeq]:
+        """What the sampler needs of each sequence, in batch order."""
+        return [SampleSeq(s.req, s.chunk.num_sample, s.drafts) for s in self.seqs]
+
+
+Events = dict[bytes, list[TokenEvent]]  # frontend identity -> its requests' events
 
 
 class Scheduler:
@@ -40,9 +64,12 @@ class Scheduler:
         self.cfg = cfg
         self.blocks = blocks
         self.proposer = proposer
-        self.waiting: list[Request] = []  # admitted, not running (new or preempted)
-        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}  # every live request, by id
+        self.waiting: dict[str, Request] = {}  # admitted, not running (new or preempted)
+        self.running: dict[str, Request] = {}
         self.preemptions_total = 0
+        self.spec_proposed_total = 0  # drafts verified
+        self.spec_accepted_total = 0
 
     # ---- admission -----------------------------------------------------------------------
 
@@ -51,97 +78,109 @@ class Scheduler:
         return len(self.waiting)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.requests)
 
     def queue_full(self) -> bool:
-        return sum(1 for r in self.waiting if not r.started) >= self.cfg.queue_capacity
+        return sum(1 for r in self.waiting.values() if not r.started) >= self.cfg.queue_capacity
 
     def add(self, req: Request) -> None:
-        self.waiting.append(req)
+        assert req.rid not in self.requests, req.rid
+        self.requests[req.rid] = req
+        self.waiting[req.rid] = req
 
     def expire(self, now: float) -> list[Request]:
         """Remove and return requests that waited past their deadline without ever starting."""
         late = [
-            r for r in self.waiting if not r.started and r.deadline is not None and now > r.deadline
+            r
+            for r in self.waiting.values()
+            if not r.started and r.deadline is not None and now > r.deadline
         ]
         for r in late:
-            self.waiting.remove(r)
+            del self.waiting[r.rid], self.requests[r.rid]
         return late
 
     def abort(self, rid: str) -> Request | None:
-        for queue in (self.waiting, self.running):
-            for r in queue:
-                if r.rid == rid:
-                    queue.remove(r)
-                    self._release(r, RequestStatus.FINISHED_ABORTED)
-                    return r
-        return None
+        """Finish `rid` as aborted and free its blocks; None if it is not live."""
+        return self.finish(rid, RequestStatus.FINISHED_ABORTED)
+
+    def finish(self, rid: str, status: RequestStatus) -> Request | None:
+        """End `rid` now with `status` and free its blocks; None if it is not live."""
+        assert status.is_finished, status
+        req = self.requests.pop(rid, None)
+        if req is not None:
+            self.waiting.pop(rid, None)
+            self.running.pop(rid, None)
+            self._release(req, status)
+        return req
+
+    def fail(self, scheduled: Scheduled) -> Events:
+        """The step's forward pass failed: each of its requests ends with an error."""
+        events: Events = defaultdict(list)
+        for seq in scheduled.seqs:
+            if self.finish(seq.req.rid, RequestStatus.FINISHED_ERROR) is not None:
+                events[seq.req.client].append(_event(seq.req, [], FinishReason.ERROR))
+        return events
 
     # ---- one step ------------------------------------------------------------------------
 
     def schedule(self) -> Scheduled | None:
         budget = self.cfg.max_num_batched_tokens
-        chosen: list[tuple[Request, SeqChunk]] = []
+        chosen: dict[str, ScheduledSeq] = {}  # by rid, in batch order
+        by_priority = sorted(self.running.values(), key=lambda r: (-r.priority, r.arrival))
         # 1. decodes of running requests (their prompts are done), highest priority, oldest first
-        for req in sorted(self.running, key=lambda r: (-r.priority, r.arrival)):
+        for req in by_priority:
             if req.is_prefilling or req.status != RequestStatus.RUNNING or budget < 1:
                 continue
             if not self._reserve(req, req.num_tokens, chosen):
                 continue
-            req.drafts = []
-            chosen.append((req, SeqChunk([req.last_token], req.num_computed, req.block_table, 1)))
+            chunk = SeqChunk([req.last_token], req.num_computed, self.blocks.table(req.rid), 1)
+            chosen[req.rid] = ScheduledSeq(req, chunk, [])
             budget -= 1
-        num_decodes = len(chosen)
+        decodes = list(chosen)
         # 2. prefill chunks of running requests, then 3. waiting requests by priority
-        for req in sorted(self.running, key=lambda r: (-r.priority, r.arrival)):
+        for req in by_priority:
             if req.is_prefilling and req.status == RequestStatus.RUNNING:
                 budget = self._schedule_prefill(req, budget, chosen)
-        self.waiting.sort(key=lambda r: (-r.priority, r.arrival))
-        while self.waiting and len(self.running) < self.cfg.max_num_seqs and budget > 0:
-            req = self.waiting[0]
-            alloc = self.blocks.allocate(req.all_ids, self._chunk_len(budget))
-            if alloc is None:
+        for req in sorted(self.waiting.values(), key=lambda r: (-r.priority, r.arrival)):
+            if len(self.running) >= self.cfg.max_num_seqs or budget <= 0:
                 break
-            self.waiting.pop(0)
-            req.block_table = alloc.block_table
-            req.num_computed = alloc.num_cached_tokens
+            cached = self.blocks.allocate(req.rid, req.all_ids, self._chunk_len(budget))
+            if cached is None:
+                break
+            del self.waiting[req.rid]
+            req.num_computed = cached
             if req.num_preemptions == 0:
-                req.num_cached_tokens = alloc.num_cached_tokens
+                req.num_cached_tokens = cached
             req.status = RequestStatus.RUNNING
-            self.running.append(req)
+            self.running[req.rid] = req
             budget = self._schedule_prefill(req, budget, chosen)
         # 4. speculative drafts for the decodes, from the budget left: never at the expense of a
         # decode or a prompt, and never by preemption (drafts that do not fit are dropped)
-        for i in range(num_decodes):
-            req, chunk = chosen[i]
+        for rid in decodes:
+            req, chunk, _ = chosen[rid]
             drafts = self._drafts(req, budget)
-            if drafts and self.blocks.append_slots(req.block_table, req.num_tokens + len(drafts)):
-                req.drafts = drafts
+            if drafts and self.blocks.append_slots(rid, req.num_tokens + len(drafts)):
                 tokens = [req.last_token, *drafts]
-                chosen[i] = (req, SeqChunk(tokens, chunk.start_pos, chunk.block_table, len(tokens)))
+                chunk = SeqChunk(tokens, chunk.start_pos, self.blocks.table(rid), len(tokens))
+                chosen[rid] = ScheduledSeq(req, chunk, drafts)
                 budget -= len(drafts)
         if not chosen:
             return None
-        chunks = [c for _, c in chosen]
-        return Scheduled(
-            Batch.build(chunks, self.blocks.block_size), [r for r, _ in chosen], chunks
-        )
+        seqs = list(chosen.values())
+        return Scheduled(Batch.build([s.chunk for s in seqs], self.blocks.block_size), seqs)
 
     def _chunk_len(self, budget: int) -> int:
         return min(budget, self.cfg.prefill_chunk) if self.cfg.prefill_chunk else budget
 
-    def _schedule_prefill(
-        self, req: Request, budget: int, chosen: list[tuple[Request, SeqChunk]]
-    ) -> int:
+    def _schedule_prefill(self, req: Request, budget: int, chosen: dict[str, ScheduledSeq]) -> int:
         remaining = req.num_tokens - req.num_computed
         n = min(remaining, self._chunk_len(budget))
         if n <= 0 or not self._reserve(req, req.num_computed + n, chosen):
             return budget
         tokens = req.all_ids[req.num_computed : req.num_computed + n]
-        req.drafts = []
-        chosen.append(
-            (req, SeqChunk(tokens, req.num_computed, req.block_table, 1 if n == remaining else 0))
-        )
+        table = self.blocks.table(req.rid)
+        chunk = SeqChunk(tokens, req.num_computed, table, 1 if n == remaining else 0)
+        chosen[req.rid] = ScheduledSeq(req, chunk, [])
         return budget - n
 
     def _drafts(self, req: Request, budget: int) -> list[int]:
@@ -156,17 +195,14 @@ class Scheduler:
             return []
         return self.proposer.propose(req.all_ids)[: min(room, drafts_allowed(req))]
 
-    def _reserve(
-        self, req: Request, num_tokens: int, chosen: list[tuple[Request, SeqChunk]]
-    ) -> bool:
+    def _reserve(self, req: Request, num_tokens: int, chosen: dict[str, ScheduledSeq]) -> bool:
         """Grow req's table to num_tokens slots, preempting others not yet in this step's batch.
 
         The victim is the lowest-priority, newest such request, possibly req itself (False).
         """
-        while not self.blocks.append_slots(req.block_table, num_tokens):
-            taken = {id(r) for r, _ in chosen}
+        while not self.blocks.append_slots(req.rid, num_tokens):
             victim = min(
-                (r for r in self.running if id(r) not in taken),
+                (r for r in self.running.values() if r.rid not in chosen),
                 key=lambda r: (r.priority, -r.arrival),
             )
             self._preempt(victim)
@@ -175,47 +211,56 @@ class Scheduler:
         return True
 
     def _preempt(self, req: Request) -> None:
-        self.running.remove(req)
-        self.blocks.free(req.all_ids[: req.num_computed], req.block_table)
+        del self.running[req.rid]
+        self.blocks.free(req.rid, req.all_ids[: req.num_computed])
         req.num_computed = 0
-        req.drafts = []
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self.preemptions_total += 1
-        self.waiting.append(req)
+        self.waiting[req.rid] = req
 
     # ---- after the forward pass ----------------------------------------------------------
 
-    def update(self, scheduled: Scheduled, sampled: list[list[int]]) -> list[Request]:
-        """Record each sequence's computed chunk and new tokens; return the finished requests.
+    def update_from_output(self, scheduled: Scheduled, sampled: list[Sampled]) -> Events:
+        """Record each sequence's computed chunk and new tokens; return the step's events.
 
-        sampled[i] is what sequence i emits this step: [] mid-prompt, one token, or the
-        accepted drafts plus a correction/bonus token.
+        sampled[i] is what sequence i emits this step: nothing mid-prompt, one token, or the
+        accepted drafts plus a correction/bonus token. Finished requests leave the registry.
         """
-        finished = []
-        for req, chunk, new in zip(scheduled.requests, scheduled.chunks, sampled, strict=True):
+        events: Events = defaultdict(list)
+        for (req, chunk, drafts), out in zip(scheduled.seqs, sampled, strict=True):
             if req.status != RequestStatus.RUNNING:
                 continue
+            if out.failed:
+                log.error("request %s failed in sampling: it ends with an error", req.rid)
+                self.finish(req.rid, RequestStatus.FINISHED_ERROR)
+                events[req.client].append(_event(req, [], FinishReason.ERROR))
+                continue
+            new = out.token_ids
             # fed tokens are computed, except drafts beyond the accepted ones
             full_before = req.num_computed // self.blocks.block_size
-            req.num_computed += len(chunk.token_ids) - len(req.drafts) + max(len(new) - 1, 0)
-            if req.drafts and self.proposer is not None:
-                record_verification(req, len(req.drafts), len(new) - 1, self.proposer.num_tokens)
-            req.drafts = []
-            req.new_ids = []
+            req.num_computed += len(chunk.token_ids) - len(drafts) + max(len(new) - 1, 0)
+            if drafts and self.proposer is not None:
+                self.spec_proposed_total += len(drafts)
+                self.spec_accepted_total += len(new) - 1
+                record_verification(req, len(drafts), len(new) - 1, self.proposer.num_tokens)
+            emitted = 0
+            status = None
             for token in new:
                 req.output_ids.append(token)
-                req.new_ids.append(token)
+                emitted += 1
                 status = self._finish_status(req, token)
                 if status is not None:
-                    self.running.remove(req)
-                    self._release(req, status)
-                    finished.append(req)
+                    self.finish(req.rid, status)
                     break
             else:  # publish blocks this step filled (no O(context) copy on the other steps)
                 if req.num_computed // self.blocks.block_size > full_before:
-                    self.blocks.cache_full_blocks(req.all_ids[: req.num_computed], req.block_table)
-        return finished
+                    self.blocks.cache_full_blocks(req.rid, req.all_ids[: req.num_computed])
+            if emitted or status is not None:
+                finish = None if status is None else FINISH_REASON[status]
+                logprobs = None if out.logprobs is None else out.logprobs[:emitted]
+                events[req.client].append(_event(req, new[:emitted], finish, logprobs))
+        return events
 
     def _finish_status(self, req: Request, token: int) -> RequestStatus | None:
         if token in req.stop_ids:
@@ -225,13 +270,21 @@ class Scheduler:
         return None
 
     def _release(self, req: Request, status: RequestStatus) -> None:
-        self.blocks.free(req.all_ids[: req.num_computed], req.block_table)
+        self.blocks.free(req.rid, req.all_ids[: req.num_computed])
         req.status = status
 
-    def fail_all(self) -> list[Request]:
-        """Finish every request with an error (the forward pass failed); return them."""
-        failed = self.running + self.waiting
-        self.running, self.waiting = [], []
-        for r in failed:
-            self._release(r, RequestStatus.FINISHED_ERROR)
-        return failed
+
+def _event(
+    req: Request,
+    token_ids: list[int],
+    finish: FinishReason | None,
+    logprobs: list[TokenLogprob] | None = None,
+) -> TokenEvent:
+    return TokenEvent(
+        rid=req.rid,
+        token_ids=token_ids,
+        finish=finish,
+        num_prompt_tokens=len(req.prompt_ids),
+        num_cached_tokens=req.num_cached_tokens,
+        logprobs=logprobs,
+    )

@@ -1,26 +1,14 @@
-"""Prompt-lookup speculative decoding: NgramProposer drafts, accept() verifies them, and
-emit() turns a step's logits into each sequence's new tokens.
-
-The draft distribution is deterministic (q = one-hot on the draft), so standard speculative
-sampling reduces to: accept d_i with probability p_i(d_i), else emit a token from p_i with d_i
-zeroed, and emit a bonus token from p_k when every draft passed. We realise it by drawing
-t_i ~ p_i with the sampler's own inverse CDF and one uniform, accepting iff t_i == d_i:
-P(accept) = p_i(d_i) and, given a rejection, t_i ~ p_i restricted to tokens != d_i, which is
-exactly normalize(max(p_i - q_i, 0)). The output distribution is p, one uniform is spent per
-emitted token, and a seeded request emits the very tokens it would without speculation.
-"""
+"""Prompt-lookup speculative decoding: NgramProposer drafts, and how many drafts each request
+may propose. Drafts are verified with every other sampled row, in `Sampler.emit`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-from enginecore.batch import SeqChunk
 from enginecore.request import Request
-from enginecore.sampler import Distribution, Logits, RowInfo, Sampler, draw, is_greedy
 
 # Draft length, per request: doubled (up to the proposer's num_tokens) after a step that
 # accepted every draft, cut to what was accepted otherwise; after a step that accepted none,
@@ -92,74 +80,3 @@ class NgramProposer:
         while len(drafts) < self.num_tokens:
             drafts.append(drafts[len(drafts) - period])
         return drafts
-
-
-def accept_greedy(drafts: Sequence[int], target_ids: Sequence[int]) -> list[int]:
-    """The drafts that match the target argmaxes, then the target's correction or bonus token."""
-    assert len(target_ids) == len(drafts) + 1, (len(drafts), len(target_ids))
-    out: list[int] = []
-    for d, t in zip(drafts, target_ids, strict=False):
-        out.append(int(t))
-        if t != d:
-            return out
-    out.append(int(target_ids[-1]))
-    return out
-
-
-def accept_sampled(
-    drafts: Sequence[int], target_probs: npt.NDArray[np.float64], generator: np.random.Generator
-) -> list[int]:
-    """Speculative sampling against a one-hot draft; target_probs is (k+1, vocab)."""
-    assert target_probs.shape[0] == len(drafts) + 1, (target_probs.shape, len(drafts))
-    out: list[int] = []
-    for i, p in enumerate(target_probs):
-        ids = np.flatnonzero(p)
-        t = draw(Distribution(ids, p[ids]), generator.random())
-        out.append(t)
-        if i == len(drafts) or t != drafts[i]:
-            break
-    return out
-
-
-def accept(sampler: Sampler, logits: Logits, row: RowInfo, drafts: Sequence[int]) -> list[int]:
-    """Tokens a request emits after verifying `drafts`; logits is (k+1, vocab), row j after drafts[:j]."""
-    if is_greedy(row.params):
-        return accept_greedy(drafts, sampler.target_ids(logits, row, drafts))
-    return accept_sampled(drafts, sampler.target_probs(logits, row, drafts), row.generator)
-
-
-class Emitted(NamedTuple):
-    ids: list[list[int]]  # per scheduled sequence, in batch order
-    proposed: int  # drafts verified this step
-    accepted: int
-
-
-def emit(
-    sampler: Sampler, requests: Sequence[Request], chunks: Sequence[SeqChunk], logits: Logits
-) -> Emitted:
-    """The tokens each scheduled sequence emits from one forward pass, with their logprobs
-    set on the request: a plain sample per sampled row, or the accepted drafts and one more."""
-    starts = np.cumsum([0] + [c.num_sample for c in chunks])  # first logits row of each
-    plain = [i for i, c in enumerate(chunks) if c.num_sample == 1]
-    # every row sampled once (the usual decode step): no 12 MB copy of a (64, vocab) gather
-    rows = logits if len(plain) == logits.shape[0] else logits[starts[plain]]
-    tokens = sampler.sample(rows, [requests[i] for i in plain]).tolist()
-    plain_token = dict(zip(plain, tokens, strict=True))
-    ids: list[list[int]] = []
-    proposed = accepted = 0
-    for i, (req, chunk) in enumerate(zip(requests, chunks, strict=True)):
-        rows = logits[starts[i] : starts[i] + chunk.num_sample]
-        if chunk.num_sample <= 1:
-            new = [plain_token[i]] if chunk.num_sample else []
-        else:
-            new = accept(sampler, rows, req, req.drafts)
-            proposed += len(req.drafts)
-            accepted += len(new) - 1
-        n_top = req.params.logprobs
-        req.new_logprobs = (
-            []
-            if n_top is None
-            else [sampler.logprobs_row(rows[j], t, n_top) for j, t in enumerate(new)]
-        )
-        ids.append(new)
-    return Emitted(ids, proposed, accepted)

@@ -41,6 +41,7 @@ class RejectReason(StrEnum):
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     SHUTTING_DOWN = "shutting_down"
     INVALID = "invalid"
+    INTERNAL = "internal"  # the core failed while taking the request; it runs no further
 
 
 # ---- frontend -> core -------------------------------------------------------------------

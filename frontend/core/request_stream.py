@@ -18,6 +18,7 @@ _REJECTIONS: Final = {
     RejectReason.SHUTTING_DOWN: ErrorCode.SHUTTING_DOWN,
     RejectReason.CONTEXT_LENGTH_EXCEEDED: ErrorCode.CONTEXT_LENGTH_EXCEEDED,
     RejectReason.INVALID: ErrorCode.INVALID_VALUE,
+    RejectReason.INTERNAL: ErrorCode.INTERNAL_ERROR,
 }
 
 

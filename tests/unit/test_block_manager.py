@@ -11,23 +11,20 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from enginecore.block_manager import BlockManager
 
 
-def run(bm: BlockManager, tokens: list[int]) -> list[int]:
-    """Admit, compute every token, publish; return the live block table."""
-    alloc = bm.allocate(tokens)
-    assert alloc is not None
-    bm.cache_full_blocks(tokens, alloc.block_table)
+def run(bm: BlockManager, rid: str, tokens: list[int]) -> list[int]:
+    """Admit, compute every token, publish; return (a copy of) the live block table."""
+    assert bm.allocate(rid, tokens) is not None
+    bm.cache_full_blocks(rid, tokens)
     bm.check_integrity()
-    return alloc.block_table
+    return list(bm.table(rid))
 
 
 def test_second_request_shares_the_published_prefix() -> None:
     bm = BlockManager(num_blocks=8, block_size=4, prefix_cache=True)
-    a = run(bm, list(range(10)))  # 2 full blocks + a tail of 2
-    b_alloc = bm.allocate([*range(8), 50, 51, 52])
-    assert b_alloc is not None
-    assert b_alloc.num_cached_tokens == 8
-    assert b_alloc.block_table[:2] == a[:2]
-    assert b_alloc.block_table[2] not in a
+    a = run(bm, "a", list(range(10)))  # 2 full blocks + a tail of 2
+    assert bm.allocate("b", [*range(8), 50, 51, 52]) == 8
+    assert bm.table("b")[:2] == a[:2]
+    assert bm.table("b")[2] not in a
     assert bm.num_used == 4  # 3 for a, 1 more for b
     assert bm.cache.ref_count(a[0]) == 2
     assert (bm.prefix_query_tokens, bm.prefix_hit_tokens) == (21, 8)
@@ -36,29 +33,27 @@ def test_second_request_shares_the_published_prefix() -> None:
 
 def test_partial_tail_is_never_shared_and_one_token_is_left_to_compute() -> None:
     bm = BlockManager(num_blocks=8, block_size=4, prefix_cache=True)
-    a = run(bm, [1, 2, 3, 4, 5, 6])
-    bm.free([1, 2, 3, 4, 5, 6], a)
-    assert a == []  # free clears the table
+    run(bm, "a", [1, 2, 3, 4, 5, 6])
+    bm.free("a", [1, 2, 3, 4, 5, 6])
+    assert bm.table("a") == []  # free drops the table
+    assert not bm.has("a")
     assert (bm.num_free, bm.num_cached, bm.num_used) == (7, 1, 0)
-    alloc = bm.allocate([1, 2, 3, 4, 5, 6])
-    assert alloc is not None
-    assert alloc.num_cached_tokens == 4
-    b = run(bm, [9, 9, 9, 9, 8, 8, 8, 8])
-    bm.free([9, 9, 9, 9, 8, 8, 8, 8], b)
-    again = bm.allocate([9, 9, 9, 9, 8, 8, 8, 8])  # whole prompt cached: the last block is not
-    assert again is not None
-    assert again.num_cached_tokens == 4
+    assert bm.allocate("a2", [1, 2, 3, 4, 5, 6]) == 4
+    run(bm, "b", [9, 9, 9, 9, 8, 8, 8, 8])
+    bm.free("b", [9, 9, 9, 9, 8, 8, 8, 8])
+    # whole prompt cached: the last block is not
+    assert bm.allocate("b2", [9, 9, 9, 9, 8, 8, 8, 8]) == 4
     bm.check_integrity()
 
 
 def test_lru_cached_blocks_are_evicted_first_and_counted() -> None:
     bm = BlockManager(num_blocks=4, block_size=2, prefix_cache=True)
     old, new = [1, 1, 1, 1], [2, 2, 2, 2]
-    for tokens in (old, new):
-        bm.free(tokens, run(bm, tokens))
+    for rid, tokens in (("old", old), ("new", new)):
+        run(bm, rid, tokens)
+        bm.free(rid, tokens)
     assert (bm.num_free, bm.num_cached) == (0, 4)
-    c = bm.allocate([3, 3, 3])  # needs 2 blocks: both of `old` go, leaf first
-    assert c is not None
+    assert bm.allocate("c", [3, 3, 3]) is not None  # needs 2 blocks: both of `old` go, leaf first
     assert bm.evictions_total == 2
     assert bm.cache.match(old).num_tokens == 0
     assert bm.cache.match(new).num_tokens == 4
@@ -67,27 +62,26 @@ def test_lru_cached_blocks_are_evicted_first_and_counted() -> None:
 
 def test_referenced_blocks_are_never_evicted() -> None:
     bm = BlockManager(num_blocks=4, block_size=2, prefix_cache=True)
-    running = run(bm, [1, 2, 3, 4, 5])  # 3 blocks, 2 published and locked
-    assert bm.allocate([7, 7, 7]) is None  # needs 2, only 1 free, nothing evictable
+    run(bm, "running", [1, 2, 3, 4, 5])  # 3 blocks, 2 published and locked
+    assert bm.allocate("new", [7, 7, 7]) is None  # needs 2, only 1 free, nothing evictable
+    assert not bm.has("new")
     assert (bm.num_free, bm.num_cached, bm.num_used, bm.evictions_total) == (1, 0, 3, 0)
-    assert not bm.append_slots(running, 9)
-    assert len(running) == 3
-    assert bm.append_slots(running, 8)
-    assert len(running) == 4
+    assert not bm.append_slots("running", 9)
+    assert len(bm.table("running")) == 3
+    assert bm.append_slots("running", 8)
+    assert len(bm.table("running")) == 4
     bm.check_integrity()
 
 
 def test_none_mode_never_caches() -> None:
     bm = BlockManager(num_blocks=6, block_size=2, prefix_cache=False)
     tokens = [1, 2, 3, 4, 5, 6]
-    a = run(bm, tokens)
+    a = run(bm, "a", tokens)
     assert bm.cache.num_cached == 0
-    b = bm.allocate(tokens)
-    assert b is not None
-    assert b.num_cached_tokens == 0
-    assert not set(a) & set(b.block_table)
-    bm.free(tokens, a)
-    bm.free(tokens, b.block_table)
+    assert bm.allocate("b", tokens) == 0
+    assert not set(a) & set(bm.table("b"))
+    bm.free("a", tokens)
+    bm.free("b", tokens)
     assert (bm.num_free, bm.num_cached, bm.num_used) == (6, 0, 0)
     assert bm.prefix_hit_tokens == 0
     bm.check_integrity()
@@ -96,40 +90,48 @@ def test_none_mode_never_caches() -> None:
 def test_duplicate_computed_blocks_are_swapped_for_the_cached_copy() -> None:
     bm = BlockManager(num_blocks=8, block_size=2, prefix_cache=True)
     tokens = [4, 4, 5, 5, 6]
-    a, b = bm.allocate(tokens), bm.allocate(tokens)  # admitted together: no hit for b
-    assert a is not None
-    assert b is not None
-    assert b.num_cached_tokens == 0
-    bm.cache_full_blocks(tokens, a.block_table)
-    b_tail = b.block_table[2]
-    bm.cache_full_blocks(tokens, b.block_table)
-    assert b.block_table[:2] == a.block_table[:2]
-    assert b.block_table[2] == b_tail  # the private tail is untouched
+    assert bm.allocate("a", tokens) == 0
+    assert bm.allocate("b", tokens) == 0  # admitted together: no hit for b
+    bm.cache_full_blocks("a", tokens)
+    b_tail = bm.table("b")[2]
+    bm.cache_full_blocks("b", tokens)
+    assert bm.table("b")[:2] == bm.table("a")[:2]
+    assert bm.table("b")[2] == b_tail  # the private tail is untouched
     assert (bm.num_used, bm.num_free) == (4, 4)  # b's two duplicates went back to free
     bm.check_integrity()
-    bm.free(tokens, a.block_table)
-    bm.free(tokens, b.block_table)
+    bm.free("a", tokens)
+    bm.free("b", tokens)
     assert (bm.num_free, bm.num_cached, bm.num_used) == (6, 2, 0)
     bm.check_integrity()
 
 
 def test_chunked_allocation_and_free_of_unallocated_table() -> None:
     bm = BlockManager(num_blocks=8, block_size=4, prefix_cache=True)
-    alloc = bm.allocate(list(range(20)), max_new_tokens=5)
-    assert alloc is not None
-    assert len(alloc.block_table) == 2
+    assert bm.allocate("a", list(range(20)), max_new_tokens=5) is not None
+    assert len(bm.table("a")) == 2
     assert bm.can_allocate(24)
     assert not bm.can_allocate(25)
-    bm.free([], [])  # a request aborted before admission
-    bm.free([], alloc.block_table)  # aborted before computing anything: nothing published
+    bm.free("never", [])  # a request aborted before admission
+    bm.free("a", [])  # aborted before computing anything: nothing published
     assert (bm.num_free, bm.num_cached) == (8, 0)
+    bm.check_integrity()
+
+
+def test_scratch_tables_are_private_and_freed() -> None:
+    bm = BlockManager(num_blocks=4, block_size=2, prefix_cache=True)
+    table = bm.allocate_scratch("embed:x", 5)
+    assert table is not None and len(table) == 3
+    assert bm.has("embed:x") and bm.num_used == 3
+    assert bm.allocate_scratch("embed:y", 3) is None  # one block left
+    bm.free("embed:x", [])
+    assert (bm.num_free, bm.num_cached, bm.num_used) == (4, 0, 0)
     bm.check_integrity()
 
 
 @dataclass
 class Seq:
+    rid: str
     tokens: list[int]
-    table: list[int]
     computed: int
     published: int  # blocks the model expects to be in the tree
 
@@ -143,6 +145,7 @@ class BlockManagerModel(RuleBasedStateMachine):
         self.bm = BlockManager(num_blocks, bs, prefix_cache=cache)
         self.content: dict[int, list[int | None]] = {}  # block_id -> tokens written into it
         self.live: list[Seq] = []
+        self.admitted = 0
 
     def _guaranteed_hit(self, tokens: list[int]) -> int:
         """Blocks of `tokens` surely cached: prefixes published by live (so locked) sequences."""
@@ -159,32 +162,35 @@ class BlockManagerModel(RuleBasedStateMachine):
     def admit(self, tokens: list[int], chunk: int | None) -> None:
         before = (self.bm.num_free, self.bm.num_cached, self.bm.num_used)
         lower = self._guaranteed_hit(tokens) if self.caching else 0
-        alloc = self.bm.allocate(tokens, chunk)
-        if alloc is None:
+        rid = f"r{self.admitted}"
+        self.admitted += 1
+        cached = self.bm.allocate(rid, tokens, chunk)
+        if cached is None:
             assert self.bm.blocks_needed(len(tokens)) > before[0] + before[1]
             assert (self.bm.num_free, self.bm.num_cached, self.bm.num_used) == before
             return
-        cached = alloc.num_cached_tokens
         assert cached % self.bs == 0
         assert lower * self.bs <= cached <= (len(tokens) - 1) // self.bs * self.bs
         assert self.caching or cached == 0
         todo = len(tokens) - cached if chunk is None else min(chunk, len(tokens) - cached)
-        assert len(alloc.block_table) == self.bm.blocks_needed(cached + todo)
-        self.live.append(Seq(list(tokens), alloc.block_table, cached, cached // self.bs))
+        assert len(self.bm.table(rid)) == self.bm.blocks_needed(cached + todo)
+        self.live.append(Seq(rid, list(tokens), cached, cached // self.bs))
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 99), n=st.integers(1, 6))
     def compute(self, i: int, n: int) -> None:
         seq = self.live[i % len(self.live)]
         n = min(n, len(seq.tokens) - seq.computed)
-        free_before, cached_before, old_len = self.bm.num_free, self.bm.num_cached, len(seq.table)
-        if not self.bm.append_slots(seq.table, seq.computed + n):
+        table = self.bm.table(seq.rid)
+        free_before, cached_before, old_len = self.bm.num_free, self.bm.num_cached, len(table)
+        if not self.bm.append_slots(seq.rid, seq.computed + n):
             assert self.bm.blocks_needed(seq.computed + n) - old_len > free_before + cached_before
-            assert len(seq.table) == old_len
+            assert len(self.bm.table(seq.rid)) == old_len
             return
-        others = {b for s in self.live if s is not seq for b in s.table}
+        table = self.bm.table(seq.rid)
+        others = {b for s in self.live if s is not seq for b in self.bm.table(s.rid)}
         for pos in range(seq.computed, seq.computed + n):
-            block_id = seq.table[pos // self.bs]
+            block_id = table[pos // self.bs]
             assert block_id not in others, "writing a block another sequence uses"
             assert block_id not in self.bm.cache, "writing a cached block"
             self.content.setdefault(block_id, [None] * self.bs)[pos % self.bs] = seq.tokens[pos]
@@ -199,30 +205,32 @@ class BlockManagerModel(RuleBasedStateMachine):
     @rule(i=st.integers(0, 99))
     def publish(self, i: int) -> None:
         seq = self.live[i % len(self.live)]
-        self.bm.cache_full_blocks(seq.tokens[: seq.computed], seq.table)
+        self.bm.cache_full_blocks(seq.rid, seq.tokens[: seq.computed])
         if self.caching:
-            seq.published = max(seq.published, min(seq.computed // self.bs, len(seq.table)))
+            num_blocks = len(self.bm.table(seq.rid))
+            seq.published = max(seq.published, min(seq.computed // self.bs, num_blocks))
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 99), publish=st.booleans())
     def finish_or_abort(self, i: int, publish: bool) -> None:
         seq = self.live.pop(i % len(self.live))
-        self.bm.free(seq.tokens[: seq.computed] if publish else [], seq.table)
-        assert seq.table == []
+        self.bm.free(seq.rid, seq.tokens[: seq.computed] if publish else [])
+        assert not self.bm.has(seq.rid) and self.bm.table(seq.rid) == []
 
     @invariant()
     def consistent(self) -> None:
         bm = self.bm
         bm.check_integrity()
         assert bm.num_free + bm.num_cached + bm.num_used == self.num_blocks
-        assert bm.num_used == len({b for s in self.live for b in s.table})
+        assert bm.num_used == len({b for s in self.live for b in bm.table(s.rid)})
         seen: set[int] = set()
         for seq in self.live:
+            table = bm.table(seq.rid)
             for pos in range(seq.computed):  # every computed token's KV is where the table says
-                assert self.content[seq.table[pos // self.bs]][pos % self.bs] == seq.tokens[pos]
-            for block_id in seq.table:
+                assert self.content[table[pos // self.bs]][pos % self.bs] == seq.tokens[pos]
+            for block_id in table:
                 assert block_id not in seen or block_id in bm.cache, "private block shared"
-            seen.update(seq.table)
+            seen.update(table)
         if not self.caching:
             assert bm.num_cached == 0
             assert bm.cache.num_cached == 0

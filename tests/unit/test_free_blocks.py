@@ -18,12 +18,12 @@ def jumps(table: list[int]) -> int:
 def test_tables_growing_in_lockstep_stay_contiguous() -> None:
     """64 decodes that each cross into a new block on the same step, as a busy batch does."""
     bm = BlockManager(728, 32, prefix_cache=True)
-    tables = [bm.allocate([100 + s] * 32, 1) for s in range(64)]
-    assert all(t is not None for t in tables)
+    rids = [f"r{s}" for s in range(64)]
+    assert all(bm.allocate(rid, [100 + s] * 32, 1) is not None for s, rid in enumerate(rids))
     for num_tokens in range(34, 34 + 128):
-        for t in tables:
-            assert t is not None and bm.append_slots(t.block_table, num_tokens)
-    assert [jumps(t.block_table) for t in tables if t is not None] == [0] * 64
+        for rid in rids:
+            assert bm.append_slots(rid, num_tokens)
+    assert [jumps(bm.table(rid)) for rid in rids] == [0] * 64
     bm.check_integrity()
 
 

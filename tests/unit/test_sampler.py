@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from enginecore.sampler import Sampler, make_generator, top_ids
+from enginecore.sampler import Sampler, SampleSeq, make_generator, top_ids
 from shared.protocol import SamplingParams
 
 # chi-square critical values at p = 0.001, by degrees of freedom
@@ -36,6 +36,13 @@ def chi2(counts: np.ndarray, p: np.ndarray) -> float:
     return float(((counts - expected) ** 2 / expected).sum())
 
 
+def sample(sampler: Sampler, logits: np.ndarray, rows: list[Row]) -> list[int]:
+    """One token per row, each row its own sequence without drafts (a plain decode step)."""
+    out = sampler.emit(logits, [SampleSeq(r, 1, []) for r in rows])
+    assert all(len(s.token_ids) == 1 and s.logprobs is None for s in out)
+    return [s.token_ids[0] for s in out]
+
+
 def rand_logits(rows: int, vocab: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).normal(0, 3, (rows, vocab)).astype(np.float32)
 
@@ -44,9 +51,9 @@ def test_greedy_batch_is_argmax_and_consumes_no_randomness() -> None:
     logits = rand_logits(8, 1000)
     rows = [Row(sp(temperature=0.0)) for _ in range(8)]
     before = [r.generator.bit_generator.state for r in rows]
-    out = Sampler(1000).sample(logits, rows)
-    assert out.dtype == np.int32
-    assert out.tolist() == [int(np.argmax(r)) for r in logits]
+    out = sample(Sampler(1000), logits, rows)
+    assert all(type(t) is int for t in out)
+    assert out == [int(np.argmax(r)) for r in logits]
     assert [r.generator.bit_generator.state for r in rows] == before
 
 
@@ -54,8 +61,8 @@ def test_greedy_ties_go_to_lowest_id() -> None:
     logits = np.zeros((2, 10), dtype=np.float32)
     logits[0, [3, 7]] = 5.0
     logits[1, [9, 2, 4]] = 1.0
-    out = Sampler(10).sample(logits, [Row(sp(temperature=0.0)), Row(sp(temperature=0.0))])
-    assert out.tolist() == [3, 2]
+    out = sample(Sampler(10), logits, [Row(sp(temperature=0.0)), Row(sp(temperature=0.0))])
+    assert out == [3, 2]
 
 
 @pytest.mark.parametrize(
@@ -67,7 +74,7 @@ def test_degenerate_filters_equal_greedy(params: SamplingParams) -> None:
     logits = rand_logits(16, 5000, seed=1)
     logits[3, [10, 20]] = 50.0  # a tie at the top: the lowest id wins, as in argmax
     rows = [Row(params, make_generator(i)) for i in range(16)]
-    assert Sampler(5000).sample(logits, rows).tolist() == np.argmax(logits, axis=1).tolist()
+    assert sample(Sampler(5000), logits, rows) == np.argmax(logits, axis=1).tolist()
 
 
 def test_top_k_keeps_k_best_ties_to_lowest_id() -> None:
@@ -141,8 +148,8 @@ def test_penalties_against_hand_computed_logits() -> None:
         temperature=0.0, repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25
     )
     row = Row(greedy, prompt_ids=[0], output_ids=[1, 2, 2])
-    assert s.sample(x[None, :], [row]).tolist() == [0]  # 0 and 3 tie at 0.5; without penalties: 2
-    assert s.sample(x[None, :], [Row(sp(temperature=0.0))]).tolist() == [2]
+    assert sample(s, x[None, :], [row]) == [0]  # 0 and 3 tie at 0.5; without penalties: 2
+    assert sample(s, x[None, :], [Row(sp(temperature=0.0))]) == [2]
 
 
 def test_presence_and_frequency_ignore_the_prompt() -> None:
@@ -168,7 +175,7 @@ def decode(sampler: Sampler, row: Row, others: int, position: int, steps: int) -
         batch = [*fillers[:position], row, *fillers[position:]]
         logits = rand_logits(len(batch), 300, seed=step)
         logits[position] = rand_logits(1, 300, seed=10_000 + step)[0]  # the row's own logits
-        row.output_ids.append(int(sampler.sample(logits, batch)[position]))
+        row.output_ids.append(sample(sampler, logits, batch)[position])
     return row.output_ids
 
 

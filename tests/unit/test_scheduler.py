@@ -39,15 +39,15 @@ def test_budget_splits_the_second_prompt_and_queues_the_third() -> None:
         h.add(rid, prompt(ord(rid), 10), max_tokens=4)
     s = h.step()
     assert s is not None
-    assert [(r.rid, len(c.token_ids)) for r, c in zip(s.requests, s.chunks, strict=True)] == [
+    assert [(r.rid, len(c.token_ids)) for r, c, _ in s.seqs] == [
         ("a", 10),
         ("b", 2),
     ]
-    assert [c.num_sample for c in s.chunks] == [1, 0]  # b is mid-prompt: nothing to sample
-    assert [r.rid for r in h.sched.waiting] == ["c"]
+    assert [c.num_sample for _, c, _ in s.seqs] == [1, 0]  # b is mid-prompt: nothing to sample
+    assert list(h.sched.waiting) == ["c"]
     s = h.step()  # a decodes first, then b's rest (8), then c gets the last 3 of the budget
     assert s is not None
-    assert [(r.rid, len(c.token_ids)) for r, c in zip(s.requests, s.chunks, strict=True)] == [
+    assert [(r.rid, len(c.token_ids)) for r, c, _ in s.seqs] == [
         ("a", 1),
         ("b", 8),
         ("c", 3),
@@ -63,7 +63,7 @@ def test_max_num_seqs_caps_running_requests() -> None:
     while h.sched.has_work():
         s = h.step()
         assert s is not None
-        assert len(s.requests) <= 2
+        assert len(s.seqs) <= 2
     assert h.admitted == ["r0", "r1", "r2", "r3", "r4"]
     h.assert_outputs()
 
@@ -80,7 +80,7 @@ def test_a_long_prompt_never_stalls_running_decodes(prefill_chunk: int, chunk_le
         s = h.step()
         assert s is not None
         steps += 1
-        sizes = {r.rid: len(c.token_ids) for r, c in zip(s.requests, s.chunks, strict=True)}
+        sizes = {r.rid: len(c.token_ids) for r, c, _ in s.seqs}
         assert sizes["a"] == 1
         assert sizes["b"] == 1
         assert sizes["long"] <= chunk_len
@@ -121,7 +121,7 @@ def test_preempted_requests_do_not_count_against_the_queue() -> None:
     while not h.victims:
         h.step()
     assert h.victims == ["new"]
-    assert [r.rid for r in h.sched.waiting] == ["new"]
+    assert list(h.sched.waiting) == ["new"]
     assert h.sched.queue_depth == 1
     assert not h.sched.queue_full()
     h.run()
@@ -138,7 +138,7 @@ def test_expire_drops_only_requests_that_never_started() -> None:
     assert h.sched.expire(9.0) == []
     late = h.sched.expire(10.5)
     assert [r.rid for r in late] == ["b"]
-    assert [r.rid for r in h.sched.waiting] == ["forever"]
+    assert list(h.sched.waiting) == ["forever"]
     h.check_blocks()
     h.run()
     h.assert_outputs(["a", "forever"])
@@ -201,7 +201,7 @@ def test_drafts_never_crowd_a_decode_out_of_the_step() -> None:
     for _ in range(6):
         scheduled = h.step()
         assert scheduled is not None
-        assert sorted(r.rid for r in scheduled.requests) == sorted(r.rid for r in reqs)
+        assert sorted(s.req.rid for s in scheduled.seqs) == sorted(r.rid for r in reqs)
         assert scheduled.batch.num_tokens == 16  # the 8 spare tokens went to drafts
     h.run()
     h.assert_outputs()

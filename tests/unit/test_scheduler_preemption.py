@@ -80,7 +80,7 @@ def test_abort_frees_blocks_in_every_state() -> None:
         req = h.sched.abort(rid)
         assert req is not None
         assert req.status == RequestStatus.FINISHED_ABORTED
-        assert req.block_table == []
+        assert not h.blocks.has(rid) and rid not in h.sched.requests
         h.check_blocks()
     assert h.blocks.num_used < used
     assert h.sched.abort("decoding") is None

@@ -10,15 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from enginecore.request import Request
-from enginecore.sampler import Sampler, make_generator
-from enginecore.spec import (
-    NgramProposer,
-    accept,
-    accept_greedy,
-    accept_sampled,
-    drafts_allowed,
-    record_verification,
+from enginecore.sampler import (
+    Distribution,
+    Sampler,
+    SampleSeq,
+    accept_drafts,
+    draw,
+    make_generator,
 )
+from enginecore.spec import NgramProposer, drafts_allowed, record_verification
 from shared.protocol import SamplingParams
 
 CHI2_999 = {4: 18.47, 19: 43.82}  # chi-square critical values at p = 0.001, by degrees of freedom
@@ -89,6 +89,21 @@ def test_propose_matches_brute_force(ids: list[int], max_n: int, span: int, k: i
     assert got == brute_propose(ids, max_n, min_n, k)
 
 
+def accept_greedy(drafts: list[int], targets: list[int]) -> list[int]:
+    assert len(targets) == len(drafts) + 1
+    return accept_drafts(drafts, targets.__getitem__)
+
+
+def accept_sampled(drafts: list[int], p: np.ndarray, g: np.random.Generator) -> list[int]:
+    """The acceptance rule against target distributions p (k+1, vocab), drawn as a step does."""
+
+    def target(j: int) -> int:
+        ids = np.flatnonzero(p[j])
+        return draw(Distribution(ids, p[j][ids]), g.random())
+
+    return accept_drafts(drafts, target)
+
+
 def test_accept_greedy() -> None:
     assert accept_greedy([4, 5, 6], [4, 5, 6, 7]) == [4, 5, 6, 7]
     assert accept_greedy([4, 5, 6], [4, 9, 6, 7]) == [4, 9]
@@ -153,7 +168,8 @@ def generate(
         ctx = row.prompt_ids + row.output_ids
         drafts = proposer.propose(ctx) if spec else []
         logits = np.stack([toy_logits(ctx + drafts[:j]) for j in range(len(drafts) + 1)])
-        row.output_ids += accept(sampler, logits, row, drafts)
+        (out,) = sampler.emit(logits, [SampleSeq(row, len(drafts) + 1, drafts)])
+        row.output_ids += out.token_ids
     return row.output_ids[:steps]
 
 
@@ -181,7 +197,8 @@ def test_speculation_emits_several_tokens_per_step_on_repetitive_text() -> None:
         ctx = row.prompt_ids + row.output_ids
         drafts = proposer.propose(ctx)
         logits = np.stack([toy_logits(ctx + drafts[:j]) for j in range(len(drafts) + 1)])
-        row.output_ids += accept(sampler, logits, row, drafts)
+        (out,) = sampler.emit(logits, [SampleSeq(row, len(drafts) + 1, drafts)])
+        row.output_ids += out.token_ids
         steps += 1
     assert steps < 30  # a greedy toy model cycles, so prompt lookup must pay off
 
