@@ -13,6 +13,7 @@ from enginecore.model_runner import ModelRunner
 from enginecore.request import Request, RequestStatus, invalid_submit
 from enginecore.sampler import Sampler, make_generator
 from enginecore.scheduler import Events, Scheduler
+from shared.eos import stop_token_ids
 from shared.protocol import (
     Abort,
     Bye,
@@ -168,7 +169,7 @@ class Engine:
             client=client,
             prompt_ids=list(msg.prompt_ids),
             params=p,
-            stop_ids=frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos_ids),
+            stop_ids=frozenset(stop_token_ids(self.eos_ids, p.stop_token_ids, p.ignore_eos)),
             priority=msg.priority,
             arrival=now,
             deadline=now + deadline_ms / 1000 if deadline_ms > 0 else None,

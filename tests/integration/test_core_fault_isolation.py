@@ -10,7 +10,7 @@ import pytest
 from shared.protocol import FinishReason, RejectReason
 from tests.conftest import TinyModels
 from tests.fixtures.engine_cores import BASE, Reference, client_of, greedy, random_prompt
-from tests.fixtures.processes import CoreProcess
+from tests.fixtures.processes import SpawnedCore
 
 pytestmark = pytest.mark.integration
 
@@ -18,21 +18,21 @@ FORWARD, SAMPLE, SUBMIT, STICKY = 251, 252, 253, 254  # a prompt [0, id, ...] is
 FAULTS = f"forward={FORWARD},sample={SAMPLE},submit={SUBMIT},sticky={STICKY}"
 
 
-def faulty_core(tmp: pytest.TempPathFactory, tiny: TinyModels, name: str) -> CoreProcess:
+def faulty_core(tmp: pytest.TempPathFactory, tiny: TinyModels, name: str) -> SpawnedCore:
     settings = {"model_dir": str(tiny.gguf_quant), **BASE}
     entry = ("-m", "tests.fixtures.faulty_core", "--faults", FAULTS)
-    return CoreProcess(tmp.mktemp(name), settings, entry).start()
+    return SpawnedCore(tmp.mktemp(name), settings, entry).start()
 
 
 @pytest.fixture(scope="module")
-def core(tmp_path_factory: pytest.TempPathFactory, tiny: TinyModels) -> Iterator[CoreProcess]:
+def core(tmp_path_factory: pytest.TempPathFactory, tiny: TinyModels) -> Iterator[SpawnedCore]:
     c = faulty_core(tmp_path_factory, tiny, "faulty")
     yield c
     c.stop()
 
 
 def test_poisoned_requests_fail_alone_and_the_others_are_served(
-    core: CoreProcess, ref: Reference
+    core: SpawnedCore, ref: Reference
 ) -> None:
     c = client_of(core)
     good = {f"good{i}": random_prompt(40 + i, 10) for i in range(4)}
@@ -52,7 +52,7 @@ def test_poisoned_requests_fail_alone_and_the_others_are_served(
 
 
 def test_a_failed_forward_fails_its_step_and_later_requests_are_served(
-    core: CoreProcess, ref: Reference
+    core: SpawnedCore, ref: Reference
 ) -> None:
     c = client_of(core)
     c.submit("bad-forward", [0, FORWARD, 2], greedy(12, ignore_eos=True))
