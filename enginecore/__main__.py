@@ -13,17 +13,29 @@ from types import FrameType
 from enginecore.block_manager import BlockManager
 from enginecore.channel import Channel
 from enginecore.engine import Engine
+from enginecore.grammar import GrammarCompiler
 from enginecore.kernels.threads import set_num_threads
 from enginecore.model_runner import ModelRunner
 from enginecore.sampler import Sampler
 from enginecore.scheduler import Scheduler, SchedulerConfig
 from enginecore.spec import NgramProposer
 from shared.config import ConfigError, EngineConfig, load
+from shared.grammar import grammar_tokenizer
 from shared.log import setup_logging
 from shared.protocol import Welcome
-from shared.tokenizer_metadata import read_tokenizer_metadata
+from shared.tokenizer import Tokenizer
+from shared.tokenizer_metadata import TokenizerMetadata, read_tokenizer_metadata
 
 log = logging.getLogger("enginecore")
+
+
+def grammar_compiler(metadata: TokenizerMetadata, welcome: Welcome) -> GrammarCompiler | None:
+    """The vocabulary's bytes, from the one tokenizer builder: what grammars mask. A model with
+    no end-of-generation token cannot end a document: its core refuses grammars."""
+    if not welcome.eos_ids:
+        return None
+    tokenizer = Tokenizer(metadata)
+    return GrammarCompiler(grammar_tokenizer(tokenizer, welcome.vocab_size, welcome.eos_ids))
 
 
 def build(cfg: EngineConfig) -> Engine:
@@ -66,7 +78,9 @@ def build(cfg: EngineConfig) -> Engine:
         queue_deadline_ms=cfg.queue_deadline_ms,
         step_delay_ms=cfg.step_delay_ms,
         drain_timeout_s=cfg.drain_timeout_s,
+        grammars=grammar_compiler(metadata, welcome),
     )
+    engine.masker.warmup()
     log.info(
         "serving %s at %s: %d KV blocks of %d, max_model_len %d, ready in %.1f s",
         welcome.model_id, cfg.resolved_core_address, runner.num_blocks, cfg.block_size,

@@ -9,11 +9,14 @@ from collections import defaultdict
 from enginecore.block_manager import BlockManager
 from enginecore.channel import Channel
 from enginecore.embedder import Embedder
+from enginecore.grammar import Grammar, GrammarCompiler
+from enginecore.logits_mask import LogitsMasker
 from enginecore.model_runner import ModelRunner
 from enginecore.request import Request, RequestStatus, invalid_submit
 from enginecore.sampler import Sampler, make_generator
 from enginecore.scheduler import Events, Scheduler
 from shared.eos import stop_token_ids
+from shared.grammar import GrammarError
 from shared.protocol import (
     Abort,
     Bye,
@@ -25,6 +28,7 @@ from shared.protocol import (
     Hello,
     Rejected,
     RejectReason,
+    SamplingParams,
     Shutdown,
     ShutdownCore,
     Stats,
@@ -54,12 +58,15 @@ class Engine:
         queue_deadline_ms: int,
         step_delay_ms: int,
         drain_timeout_s: float = 30.0,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         self.channel = channel
         self.runner = runner
         self.scheduler = scheduler
         self.blocks: BlockManager = scheduler.blocks
         self.sampler = sampler
+        self.grammars = grammars  # None: a core that refuses constrained requests
+        self.masker = LogitsMasker(welcome.vocab_size)
         self.embedder = Embedder(runner, scheduler.blocks, welcome.max_model_len)
         self.welcome = welcome
         self.eos_ids = frozenset(welcome.eos_ids)
@@ -161,9 +168,14 @@ class Engine:
         if reason is not None:
             self.channel.send(client, Rejected(msg.rid, reason[0], reason[1]))
             return
+        p = msg.params
+        try:
+            grammar = self.compile_grammar(p)
+        except GrammarError as e:
+            self.channel.send(client, Rejected(msg.rid, RejectReason.INVALID, f"grammar: {e}"))
+            return
         now = time.monotonic()
         deadline_ms = msg.deadline_ms if msg.deadline_ms is not None else self.queue_deadline_ms
-        p = msg.params
         req = Request(
             rid=msg.rid,
             client=client,
@@ -174,8 +186,17 @@ class Engine:
             arrival=now,
             deadline=now + deadline_ms / 1000 if deadline_ms > 0 else None,
             generator=make_generator(p.seed),
+            grammar=grammar,
         )
         self.scheduler.add(req)
+
+    def compile_grammar(self, p: SamplingParams) -> Grammar | None:
+        """The matcher of a constrained request (None if unconstrained); GrammarError if refused."""
+        if p.grammar is None:
+            return None
+        if self.grammars is None:
+            raise GrammarError("this engine core serves no grammars")
+        return self.grammars.compile(p.grammar)
 
     def refusal(self, msg: Submit) -> tuple[RejectReason, str] | None:
         if self.draining:
@@ -253,7 +274,9 @@ class Engine:
                 raise
             return
         self.failed_steps = 0
-        sampled = self.sampler.emit(logits, scheduled.sampling())
+        seqs = scheduled.sampling()
+        self.masker.apply(logits, seqs)  # constrained rows only: before any token is chosen
+        sampled = self.sampler.emit(logits, seqs)
         events = self.scheduler.update_from_output(scheduled, sampled)
         self.batch_tokens = scheduled.batch.num_tokens
         self.steps_total += 1
@@ -277,7 +300,7 @@ class Engine:
             )
 
     def stats(self) -> Stats:
-        b = self.blocks
+        b, g = self.blocks, self.grammars
         return Stats(
             kv_blocks_used=b.num_used,
             kv_blocks_free=b.num_free,
@@ -292,4 +315,8 @@ class Engine:
             spec_proposed_total=self.scheduler.spec_proposed_total,
             spec_accepted_total=self.scheduler.spec_accepted_total,
             steps_total=self.steps_total,
+            constrained_requests_total=0 if g is None else g.num_compiled,
+            grammar_compile_seconds_total=0.0 if g is None else g.compile_seconds_total,
+            grammar_masked_steps_total=self.masker.masked_steps_total,
+            grammar_mask_seconds_total=self.masker.mask_seconds_total,
         )

@@ -8,6 +8,7 @@ from enum import IntEnum
 
 import numpy as np
 
+from enginecore.grammar import Grammar
 from shared.protocol import FinishReason, RejectReason, SamplingParams
 
 
@@ -93,6 +94,7 @@ class Request:
     draft_len: int = 2
     draft_pause: int = 0
     draft_backoff: int = 0
+    grammar: Grammar | None = None  # the matcher of params.grammar, built once when taken
 
     @property
     def num_tokens(self) -> int:

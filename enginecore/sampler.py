@@ -30,6 +30,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from enginecore.grammar import Grammar
 from shared.protocol import SamplingParams, TokenLogprob, TopLogprob
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class SampleSeq(NamedTuple):
     row: RowInfo
     num_rows: int  # its logits rows: 0 mid-prompt, else 1 + len(drafts)
     drafts: Sequence[int]  # row j's logits come after drafts[:j]
+    grammar: Grammar | None = None  # its rows are masked already; the tokens it emits advance it
 
 
 class Sampled(NamedTuple):
@@ -224,7 +226,7 @@ class Sampler:
         return out
 
     def _emit_one(self, rows: Logits, best: list[int], seq: SampleSeq) -> Sampled:
-        row, num_rows, drafts = seq
+        row, num_rows, drafts, grammar = seq
         assert num_rows in (0, len(drafts) + 1), (num_rows, len(drafts))
         if num_rows == 0:
             return Sampled([], None)
@@ -233,6 +235,8 @@ class Sampler:
             tokens = accept_drafts(drafts, best.__getitem__)
         else:
             tokens = accept_drafts(drafts, self._target(rows, row, drafts))
+        if grammar is not None:
+            del tokens[grammar.accept(tokens) :]
         n_top = p.logprobs
         if n_top is None:
             return Sampled(tokens, None)

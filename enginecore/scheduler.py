@@ -51,7 +51,7 @@ class Scheduled(NamedTuple):
 
     def sampling(self) -> list[SampleSeq]:
         """What the sampler needs of each sequence, in batch order."""
-        return [SampleSeq(s.req, s.chunk.num_sample, s.drafts) for s in self.seqs]
+        return [SampleSeq(s.req, s.chunk.num_sample, s.drafts, s.req.grammar) for s in self.seqs]
 
 
 Events = dict[bytes, list[TokenEvent]]  # frontend identity -> its requests' events
@@ -193,7 +193,10 @@ class Scheduler:
         )
         if room < 1:
             return []
-        return self.proposer.propose(req.all_ids)[: min(room, drafts_allowed(req))]
+        drafts = self.proposer.propose(req.all_ids)[: min(room, drafts_allowed(req))]
+        if req.grammar is not None and drafts:
+            del drafts[req.grammar.valid_prefix(drafts) :]  # a draft it forbids is never accepted
+        return drafts
 
     def _reserve(self, req: Request, num_tokens: int, chosen: dict[str, ScheduledSeq]) -> bool:
         """Grow req's table to num_tokens slots, preempting others not yet in this step's batch.
@@ -251,11 +254,14 @@ class Scheduler:
                 emitted += 1
                 status = self._finish_status(req, token)
                 if status is not None:
-                    self.finish(req.rid, status)
                     break
-            else:  # publish blocks this step filled (no O(context) copy on the other steps)
-                if req.num_computed // self.blocks.block_size > full_before:
-                    self.blocks.cache_full_blocks(req.rid, req.all_ids[: req.num_computed])
+            if emitted == len(new) and req.grammar is not None and req.grammar.is_complete:
+                status = RequestStatus.FINISHED_STOPPED  # the document is whole, even at max_tokens
+            if status is not None:
+                self.finish(req.rid, status)
+            elif req.num_computed // self.blocks.block_size > full_before:
+                # publish blocks this step filled (no O(context) copy on the other steps)
+                self.blocks.cache_full_blocks(req.rid, req.all_ids[: req.num_computed])
             if emitted or status is not None:
                 finish = None if status is None else FINISH_REASON[status]
                 logprobs = None if out.logprobs is None else out.logprobs[:emitted]

@@ -26,6 +26,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, array_like=True)
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None = off; n >= 0 = chosen token's logprob + top n
+    grammar: str | None = None  # llguidance grammar the output must match (shared/grammar.py)
 
 
 class FinishReason(StrEnum):
@@ -147,6 +148,10 @@ class Stats(msgspec.Struct, tag=True, array_like=True, gc=False):
     spec_proposed_total: int = 0
     spec_accepted_total: int = 0
     steps_total: int = 0
+    constrained_requests_total: int = 0  # requests taken with a grammar
+    grammar_compile_seconds_total: float = 0.0
+    grammar_masked_steps_total: int = 0  # steps that masked constrained rows
+    grammar_mask_seconds_total: float = 0.0
 
 
 class Step(msgspec.Struct, tag=True, array_like=True, gc=False):

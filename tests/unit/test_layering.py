@@ -12,9 +12,19 @@ ROOT = Path(__file__).resolve().parents[2]
 THIRD_PARTY_OF = {
     # gguf: shared/gguf_file.py opens GGUF files for both sides; tokenizers:
     # shared/tokenizer.py builds the one tokenizer both sides can use
-    "shared": {"msgspec", "gguf", "tokenizers"},
+    # llguidance: shared/grammar.py builds and checks grammars for both sides
+    "shared": {"msgspec", "gguf", "tokenizers", "llguidance"},
     "frontend": {"msgspec", "aiohttp", "zmq", "minijinja", "prometheus_client"},
-    "enginecore": {"msgspec", "numpy", "numba", "llvmlite", "zmq", "gguf", "safetensors"},
+    "enginecore": {
+        "msgspec",
+        "numpy",
+        "numba",
+        "llvmlite",
+        "zmq",
+        "gguf",
+        "safetensors",
+        "llguidance",
+    },
 }
 FIRST_PARTY = {"shared", "frontend", "enginecore"}
 MAY_IMPORT = {
@@ -38,6 +48,7 @@ ONLY_IN = {
     "gguf": ("shared/gguf_file.py", "enginecore/loader/"),
     "safetensors": ("enginecore/loader/",),
     "tokenizers": ("shared/tokenizer.py",),
+    "llguidance": ("shared/grammar.py", "enginecore/grammar.py"),
     "minijinja": ("frontend/text/",),
     "prometheus_client": ("frontend/api/",),
     "aiohttp": ("frontend/api/", "frontend/server.py", "frontend/workers.py"),
