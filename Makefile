@@ -3,9 +3,9 @@ PY ?= .venv/bin/python
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: setup install model gateway fmt lint type test test-all check serve bench
+.PHONY: setup install model templates gateway fmt lint type test test-all check serve bench
 
-setup: install model
+setup: install model templates
 
 install: .venv/.installed
 .venv/.installed: pyproject.toml
@@ -16,6 +16,10 @@ install: .venv/.installed
 
 model: install
 	$(PY) deploy/fetch_model.py
+
+# real chat templates for the tool-calling tests (llama.cpp's models/templates), cached in .cache/
+templates: install
+	$(PY) -m tests.fixtures.llama_templates
 
 # the gateway test runs a real nginx from the distribution's packages
 gateway:

@@ -64,11 +64,16 @@ class CompletionRoutes:
     ) -> web.StreamResponse:
         rid = f"{'chatcmpl' if job.chat else 'cmpl'}-{uuid.uuid4().hex}"
         head = docs.Head(id=rid, created=int(time.time()), model=self._model.model_id)
-        kind = ChatFormat if job.chat else TextFormat
         token_bytes = self._model.tokenizer.token_bytes
+        logprobs = job.params.logprobs is not None
+        fmt: Format = (
+            ChatFormat(head, token_bytes, logprobs, job.tool_parser())
+            if job.chat
+            else TextFormat(head, token_bytes, logprobs)
+        )
         reply = _Reply(
             generation=Generation(self._model.decode, job.prompt_ids, job.stops),
-            fmt=kind(head, token_bytes, job.params.logprobs is not None),
+            fmt=fmt,
             timer=RequestTimer(self._metrics, arrival),
             num_prompt=len(job.prompt_ids),
             param=job.param,
@@ -122,8 +127,9 @@ class CompletionRoutes:
                 else:
                     piece = reply.push(item)
                     # finish_reason rides on the last text, or on a `delta: {}` of its own
-                    if piece.text or piece.finish_reason is not None:
-                        await sse.send(reply.fmt.chunk(piece))
+                    chunk = reply.fmt.chunk(piece)
+                    if chunk is not None:
+                        await sse.send(chunk)
                     if piece.finish_reason is not None:
                         break
                 item = await reply.stream.get(self._ping_interval_s)

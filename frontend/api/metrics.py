@@ -7,7 +7,12 @@ from collections.abc import Iterable, Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
@@ -63,6 +68,28 @@ class _CoreCollector(Collector):
         )
         for name, doc, value in counters:
             yield CounterMetricFamily(name, doc, value=value)
+        yield from _grammar_metrics(s)
+
+
+def _grammar_metrics(s: Stats) -> Iterable[Metric]:
+    """Constrained decoding: how many requests, what compiling and masking cost."""
+    yield CounterMetricFamily(
+        "tl_engine_constrained_requests",
+        "Requests taken with a grammar (structured outputs, tool calls)",
+        value=s.constrained_requests_total,
+    )
+    yield SummaryMetricFamily(
+        "tl_engine_grammar_compile_seconds",
+        "Time to build a constrained request's grammar matcher",
+        count_value=s.constrained_requests_total,
+        sum_value=s.grammar_compile_seconds_total,
+    )
+    yield SummaryMetricFamily(
+        "tl_engine_grammar_mask_seconds",
+        "Time per step to mask the logits of constrained rows (steps with any)",
+        count_value=s.grammar_masked_steps_total,
+        sum_value=s.grammar_mask_seconds_total,
+    )
 
 
 class Metrics:

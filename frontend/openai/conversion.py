@@ -1,5 +1,6 @@
 """The one conversion of a decoded OpenAI request into what the core is asked for: a
-GenerationJob (prompt ids, sampling params, stop strings, stream options), or token ids."""
+GenerationJob (prompt ids, sampling params with the output's grammar, stop strings, stream
+options, how to read tool calls back), or token ids."""
 
 from __future__ import annotations
 
@@ -15,6 +16,15 @@ from frontend.openai.requests import (
     GenerateRequest,
     TokenizeRequest,
 )
+from frontend.openai.structured import GrammarChecker, output_constraint
+from frontend.openai.tools import (
+    Message,
+    ToolPlan,
+    plan_tools,
+    template_history,
+    validate_tools,
+    with_system_prompt,
+)
 from frontend.openai.validation import (
     PRIORITY_HEADER,
     check_num_messages,
@@ -29,6 +39,7 @@ from frontend.openai.validation import (
 )
 from frontend.text.chat_template import TemplateRenderError
 from frontend.text.served_model import ServedModel
+from frontend.text.tool_calls import ToolCallParser, tool_syntax_of
 from shared.eos import stop_token_ids
 from shared.errors import ErrorCode, ServingError
 from shared.protocol import SamplingParams, Welcome
@@ -52,6 +63,13 @@ class GenerationJob:
     stream: bool
     include_usage: bool  # streamed: a usage chunk before [DONE]
     param: str  # the field a context refusal names: messages or prompt
+    tools: ToolPlan | None = None  # the reply may call tools
+
+    def tool_parser(self) -> ToolCallParser | None:
+        """A fresh parser of the reply's tool calls, if it may make any."""
+        if self.tools is None:
+            return None
+        return ToolCallParser(self.tools.syntax, self.tools.content_is_json)
 
 
 class Converter:
@@ -71,25 +89,36 @@ class Converter:
         self._model = model
         self._require_welcome = require_welcome  # the core's Welcome, or 503 engine_unavailable
         self._max_messages = max_messages
+        self._grammars = GrammarChecker(model.tokenizer)
+        self._tool_syntax = tool_syntax_of(model.template.source)
 
     async def chat(self, req: ChatCompletionRequest, headers: Mapping[str, str]) -> GenerationJob:
         validate_chat(req)
+        validate_tools(req)
         check_num_messages(len(req.messages), self._max_messages)
         welcome, priority = self._gate(req.model, headers)
-        text = self._render(req.messages, add_generation_prompt=True)
+        constraint = output_constraint(req, self._grammars)
+        plan = plan_tools(req, self._tool_syntax, constraint, self._grammars)
+        messages = self._messages(req.messages)
+        if plan is not None and plan.system_prompt is not None:
+            messages = with_system_prompt(messages, plan.system_prompt)
+        tools = None if plan is None else plan.template_tools
+        text = self._render(messages, add_generation_prompt=True, tools=tools)
         # the template writes the special tokens it wants: none are added
         prompt_ids = await self._model.encode(text, add_special_tokens=False)
-        return _job(req, prompt_ids, welcome, priority)
+        grammar = plan.grammar if plan is not None else constraint and constraint.grammar
+        return _job(req, prompt_ids, welcome, priority, grammar, plan)
 
     async def completion(self, req: CompletionRequest, headers: Mapping[str, str]) -> GenerationJob:
         validate_completion(req)
         welcome, priority = self._gate(req.model, headers)
+        constraint = output_constraint(req, self._grammars)
         prompt = completion_prompt(req)
         if isinstance(prompt, str):
             prompt_ids = await self._model.encode(prompt, add_special_tokens=True)
         else:
             prompt_ids = _in_vocabulary("prompt", prompt, welcome)
-        return _job(req, prompt_ids, welcome, priority)
+        return _job(req, prompt_ids, welcome, priority, constraint and constraint.grammar)
 
     async def embeddings(self, req: EmbeddingRequest) -> list[list[int]]:
         """The token ids of each input, in order."""
@@ -123,7 +152,8 @@ class Converter:
         welcome = self._require_welcome()
         if req.messages is not None:
             check_num_messages(len(req.messages), self._max_messages)
-            text = self._render(req.messages, req.add_generation_prompt is not False)
+            messages = self._messages(req.messages)
+            text = self._render(messages, req.add_generation_prompt is not False)
             # what /v1/chat/completions would send: the template wrote its special tokens
             add_special_tokens = bool(req.add_special_tokens)
         else:
@@ -144,17 +174,31 @@ class Converter:
             )
         return self._require_welcome(), priority
 
-    def _render(self, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
+    def _messages(self, messages: list[ChatMessage]) -> list[Message]:
+        """The conversation as the template sees it, tool calls and results included."""
+        return template_history(messages, template_messages(messages), self._tool_syntax)
+
+    def _render(
+        self,
+        messages: list[Message],
+        add_generation_prompt: bool,
+        tools: list[dict[str, object]] | None = None,
+    ) -> str:
         try:
             return self._model.template.render(
-                template_messages(messages), add_generation_prompt=add_generation_prompt
+                messages, add_generation_prompt=add_generation_prompt, tools=tools
             )
         except TemplateRenderError as e:
             raise invalid("messages", e.message) from e
 
 
 def _job(
-    req: GenerateRequest, prompt_ids: list[int], welcome: Welcome, priority: int
+    req: GenerateRequest,
+    prompt_ids: list[int],
+    welcome: Welcome,
+    priority: int,
+    grammar: str | None,
+    tools: ToolPlan | None = None,
 ) -> GenerationJob:
     chat = isinstance(req, ChatCompletionRequest)
     param = "messages" if chat else "prompt"
@@ -166,12 +210,13 @@ def _job(
     return GenerationJob(
         chat=chat,
         prompt_ids=prompt_ids,
-        params=to_sampling_params(req, max_tokens, welcome.eos_ids),
+        params=to_sampling_params(req, max_tokens, welcome.eos_ids, grammar),
         stops=stop_strings(req),
         priority=priority,
         stream=bool(req.stream),
         include_usage=bool(options is not None and options.include_usage),
         param=param,
+        tools=tools,
     )
 
 
@@ -196,9 +241,9 @@ def context_budget(requested: int | None, num_prompt: int, max_model_len: int, p
     return max_tokens
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+def template_messages(messages: list[ChatMessage]) -> list[Message]:
     """Validated messages as the chat template sees them; text parts joined by newlines."""
-    rendered = []
+    rendered: list[Message] = []
     for message in messages:
         if message.content is None:
             content = ""
@@ -225,7 +270,7 @@ def requested_max_tokens(req: GenerateRequest) -> int | None:
 
 
 def to_sampling_params(
-    req: GenerateRequest, max_tokens: int, eos_ids: Iterable[int]
+    req: GenerateRequest, max_tokens: int, eos_ids: Iterable[int], grammar: str | None = None
 ) -> SamplingParams:
     """Translate a validated request; `max_tokens` is already resolved against the context."""
     if isinstance(req, ChatCompletionRequest):
@@ -249,4 +294,5 @@ def to_sampling_params(
         stop_token_ids=stop_token_ids(eos_ids, own, ignore_eos),
         ignore_eos=ignore_eos,
         logprobs=logprobs,
+        grammar=grammar,
     )

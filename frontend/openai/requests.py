@@ -23,10 +23,72 @@ class TextPart(msgspec.Struct, kw_only=True):
     text: str | None = None
 
 
+class FunctionCall(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    """A call an assistant message of the history made."""
+
+    function: FunctionCall
+    id: str | None = None
+    type: str = "function"
+
+
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages: the call they answer
+
+
+class FunctionDefinition(msgspec.Struct, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct, kw_only=True):
+    type: str
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(msgspec.Struct, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, kw_only=True):
+    """`tool_choice: {"type": "function", "function": {"name": ...}}`."""
+
+    type: str
+    function: ToolChoiceFunction
+
+
+class JsonSchemaFormat(msgspec.Struct, kw_only=True):
+    name: str
+    schema: dict[str, Any] | None = None  # absent: any JSON object
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    """`response_format`: type "text", "json_object" or "json_schema"."""
+
+    type: str
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(msgspec.Struct, kw_only=True):
+    """vLLM's `structured_outputs` extra: one of these constrains the output."""
+
+    json: str | dict[str, Any] | None = None  # a JSON schema (object or its text)
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # Lark (llguidance's dialect) or GBNF
+    json_object: bool | None = None
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -56,9 +118,15 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     echo: bool | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    response_format: Any = None
+    tools: list[Tool] | None = None
+    tool_choice: str | NamedToolChoice | None = None  # "none", "auto", "required" or named
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: str | dict[str, Any] | None = None  # vLLM's older names of structured_outputs
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     user: str | None = None
     ignore_eos: bool | None = None
     logit_bias: dict[str, float] | None = None
@@ -88,6 +156,12 @@ class CompletionRequest(msgspec.Struct, kw_only=True):
     repetition_penalty: float | None = None
     logprobs: int | None = None
     echo: bool | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     user: str | None = None
     ignore_eos: bool | None = None
     logit_bias: dict[str, float] | None = None

@@ -61,9 +61,21 @@ class CompletionLogprobs(msgspec.Struct, kw_only=True):
     text_offset: list[int]  # character offset of each token in the returned text
 
 
-class AssistantMessage(msgspec.Struct, kw_only=True):
-    role: str = "assistant"
-    content: str
+class FunctionCallDoc(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallDoc(msgspec.Struct, kw_only=True):
+    id: str
+    type: str
+    function: FunctionCallDoc
+
+
+class AssistantMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
+    role: str
+    content: str | None  # null when the reply is tool calls only
+    tool_calls: list[ToolCallDoc] | None = None  # left out when there are none
 
 
 class ChatChoice(msgspec.Struct, kw_only=True):
@@ -82,9 +94,24 @@ class ChatCompletion(msgspec.Struct, kw_only=True):
     usage: Usage
 
 
+class DeltaFunction(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One call's part in a chunk: id, type and name once, then argument fragments."""
+
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: DeltaFunction | None = None
+
+
 class Delta(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChunkChoice(msgspec.Struct, kw_only=True):
@@ -168,9 +195,14 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
 
 
 def chat_completion(
-    head: Head, content: str, finish_reason: str, usage: Usage, logprobs: ChatLogprobs | None = None
+    head: Head,
+    content: str | None,
+    finish_reason: str,
+    usage: Usage,
+    logprobs: ChatLogprobs | None = None,
+    tool_calls: list[ToolCallDoc] | None = None,
 ) -> ChatCompletion:
-    message = AssistantMessage(content=content)
+    message = AssistantMessage(role="assistant", content=content, tool_calls=tool_calls)
     choice = ChatChoice(index=0, message=message, logprobs=logprobs, finish_reason=finish_reason)
     return ChatCompletion(**head._asdict(), object="chat.completion", choices=[choice], usage=usage)
 
@@ -186,9 +218,10 @@ def chat_chunk(
     content: str | None,
     finish_reason: str | None = None,
     logprobs: ChatLogprobs | None = None,
+    tool_calls: list[DeltaToolCall] | None = None,
 ) -> ChatCompletionChunk:
-    """A content delta; content None gives `delta: {}` (a finish with nothing left to send)."""
-    delta = Delta(content=content)
+    """A content (and tool-call) delta; nothing gives `delta: {}` (a finish, nothing left)."""
+    delta = Delta(content=content, tool_calls=tool_calls)
     choice = ChunkChoice(index=0, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
     return ChatCompletionChunk(**head._asdict(), object="chat.completion.chunk", choices=[choice])
 

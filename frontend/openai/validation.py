@@ -50,13 +50,6 @@ def validate_chat(req: ChatCompletionRequest, max_stop: int = MAX_STOP) -> None:
             raise invalid("top_logprobs", "'top_logprobs' requires 'logprobs' to be true.")
     if req.echo:
         raise unsupported("echo", "'echo' is not supported.")
-    for name, given in (
-        ("tools", req.tools),
-        ("tool_choice", req.tool_choice),
-        ("response_format", req.response_format),
-    ):
-        if given is not None:
-            raise unsupported(name, f"'{name}' is not supported yet.")
     _validate_messages(req.messages)
 
 

@@ -139,6 +139,7 @@ class ChatTemplate:
         self._env.add_filter("tojson", _tojson)
         self._env.add_global("bos_token", bos_token)
         self._env.add_global("eos_token", eos_token)
+        self.source = source  # what it is: the tool-call format it speaks shows here
         try:
             self._env.add_template(_NAME, source)
         except minijinja.TemplateError as e:

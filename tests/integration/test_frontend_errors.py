@@ -59,9 +59,9 @@ BAD = [
     (CHAT, chat(messages=[]), 400, "invalid_request_error", "missing_required_parameter", "messages"),
     (CHAT, chat(max_tokens=2000), 400, "invalid_request_error", "context_length_exceeded", "messages"),
     (CHAT, chat(n=2), 422, "invalid_request_error", "unsupported_parameter", "n"),
-    (CHAT, chat(tools=[{"type": "function"}]), 422, "invalid_request_error", "unsupported_parameter", "tools"),
-    (CHAT, chat(tool_choice="auto"), 422, "invalid_request_error", "unsupported_parameter", "tool_choice"),
-    (CHAT, chat(response_format={"type": "json_object"}), 422, "invalid_request_error", "unsupported_parameter", "response_format"),
+    (CHAT, chat(tools=[{"type": "function"}]), 400, "invalid_request_error", "missing_required_parameter", "tools[0].function"),
+    (CHAT, chat(tool_choice="auto"), 400, "invalid_request_error", "invalid_value", "tool_choice"),
+    (CHAT, chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}), 400, "invalid_request_error", "invalid_value", "response_format.json_schema.schema"),
     (
         CHAT,
         chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
