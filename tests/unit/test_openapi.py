@@ -141,6 +141,10 @@ async def test_routes_are_the_route_tables(
         (types.ChatMessage, "ChatMessage"),
         (types.TextPart, "TextPart"),
         (types.StreamOptions, "StreamOptions"),
+        (types.ToolCall, "ToolCall"),
+        (types.Tool, "Tool"),
+        (types.ResponseFormat, "ResponseFormat"),
+        (types.StructuredOutputs, "StructuredOutputs"),
         (docs.ChatCompletion, "ChatCompletion"),
         (docs.ChatCompletionChunk, "ChatCompletionChunk"),
         (docs.TextCompletion, "TextCompletion"),
@@ -235,7 +239,43 @@ def test_api_operations_document_the_pinned_error_statuses(doc: dict[str, Any]) 
                 docs.chat_logprobs(LOGPROBS, lambda i: bytes([i])),
             ),
         ),
+        (
+            "ChatCompletion",
+            docs.chat_completion(
+                HEAD,
+                None,
+                "tool_calls",
+                docs.usage(3, 9),
+                None,
+                [
+                    docs.ToolCallDoc(
+                        id="call_1",
+                        type="function",
+                        function=docs.FunctionCallDoc(name="f", arguments="{}"),
+                    )
+                ],
+            ),
+        ),
         ("ChatCompletionChunk", docs.chat_role_chunk(HEAD)),
+        (
+            "ChatCompletionChunk",
+            docs.chat_chunk(
+                HEAD,
+                None,
+                None,
+                None,
+                [
+                    docs.DeltaToolCall(
+                        index=0,
+                        id="call_1",
+                        type="function",
+                        function=docs.DeltaFunction(name="f", arguments=""),
+                    ),
+                    docs.DeltaToolCall(index=1, function=docs.DeltaFunction(arguments='{"a"')),
+                ],
+            ),
+        ),
+        ("ChatCompletionChunk", docs.chat_chunk(HEAD, None, "tool_calls")),
         ("ChatCompletionChunk", docs.chat_chunk(HEAD, "x")),
         ("ChatCompletionChunk", docs.chat_chunk(HEAD, None, "stop")),
         ("ChatCompletionChunk", docs.chat_usage_chunk(HEAD, docs.usage(1, 2))),
@@ -280,6 +320,17 @@ def test_schemas_refuse_what_the_server_refuses(doc: dict[str, Any]) -> None:
         {"n": 2},
         {"echo": True},
         {"tools": []},
+        {"tools": [{"type": "function", "function": {"name": "a b"}}]},
+        {
+            "tools": [
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}
+            ]
+        },
+        {"tool_choice": "sometimes"},
+        {"response_format": {"type": "xml"}},
+        {"response_format": {"type": "json_schema"}},
+        {"guided_choice": []},
+        {"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
         {"top_logprobs": 2},
         {"messages": []},
         {"messages": [{"role": "user"}]},
