@@ -7,7 +7,9 @@ Prints, on the bundled model:
   2. time to first token of a request sharing a 1,000-token prefix with an earlier one,
      prefix cache on and off;
   3. single-stream tokens/s with prompt lookup on and off (best of 3 runs each), on a task
-     that repeats its input and on one that does not.
+     that repeats its input and on one that does not;
+  4. what grammars cost: 64 concurrent `json_object` requests beside the same 64 requests
+     unconstrained, each made as long as its constrained twin (so both runs batch alike).
 
     python -m bench.engine [--levels 1,4,16,64] [--out bench/out/engine.json]
 """
@@ -30,6 +32,7 @@ import zmq
 
 from frontend.text.chat_template import ChatTemplate
 from shared.config import BUNDLED_MODEL, EngineConfig
+from shared.grammar import json_object_grammar
 from shared.protocol import (
     GetStats,
     Heartbeat,
@@ -82,10 +85,16 @@ class Core:
 
     def run(self, prompts: list[list[int]], params: SamplingParams) -> dict[str, list[float]]:
         """Submit all at once; per request: time to first token, finish time, tokens."""
+        return self.run_each(prompts, [params] * len(prompts))
+
+    def run_each(
+        self, prompts: list[list[int]], params: list[SamplingParams]
+    ) -> dict[str, list[float]]:
+        """`run`, each prompt with its own params."""
         t0 = time.perf_counter()
         rids = [uuid.uuid4().hex for _ in prompts]
-        for rid, p in zip(rids, prompts, strict=True):
-            self.sock.send(self.enc.encode(Submit(rid, p, params)))
+        for rid, p, sp in zip(rids, prompts, params, strict=True):
+            self.sock.send(self.enc.encode(Submit(rid, p, sp)))
         first: dict[str, float] = {}
         done: dict[str, float] = {}
         count = dict.fromkeys(rids, 0)
@@ -176,9 +185,47 @@ def random_prompts(n: int, length: int, seed: int) -> list[list[int]]:
     return [rng.integers(100, 40000, length).tolist() for _ in range(n)]
 
 
-def throughput(levels: list[int], out_tokens: int) -> list[dict[str, float]]:
+def throughput(
+    levels: list[int], out_tokens: int
+) -> tuple[list[dict[str, float]], dict[str, float]]:
     with Core() as core:
-        return _throughput(core, levels, out_tokens)
+        return _throughput(core, levels, out_tokens), grammar_overhead(core, 64, out_tokens)
+
+
+def grammar_overhead(core: Core, concurrency: int, out_tokens: int) -> dict[str, float]:
+    """json_object requests (each ends when its document does, at most out_tokens), then the
+    same prompts unconstrained with each one's max_tokens set to its twin's length."""
+    prompts = random_prompts(concurrency, PROMPT_LEN, 1234)
+    grammar = json_object_grammar()
+    params = SamplingParams(
+        max_tokens=out_tokens, temperature=0.0, ignore_eos=True, grammar=grammar
+    )
+    core.run(prompts[:2], params)  # warm
+    before = core.stats()
+    lengths = [int(n) for n in core.run(prompts, params)["tokens"]]
+    after = core.stats()
+    twins = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths]
+    constrained_s = free_s = float("inf")
+    for _ in range(2):  # alternating, best of two each: the machine drifts between runs
+        t0 = time.perf_counter()
+        free = core.run_each(prompts, twins)
+        free_s = min(free_s, time.perf_counter() - t0)
+        assert [int(n) for n in free["tokens"]] == lengths
+        t0 = time.perf_counter()
+        core.run(prompts, params)
+        constrained_s = min(constrained_s, time.perf_counter() - t0)
+    steps = after.grammar_masked_steps_total - before.grammar_masked_steps_total
+    mask_s = after.grammar_mask_seconds_total - before.grammar_mask_seconds_total
+    row = {"concurrency": concurrency, "tokens": float(sum(lengths)),
+           "json_object_tokens_per_s": sum(lengths) / constrained_s,
+           "unconstrained_tokens_per_s": sum(lengths) / free_s,
+           "mask_ms_per_step": 1000 * mask_s / max(steps, 1)}  # fmt: skip
+    row["ratio"] = row["json_object_tokens_per_s"] / row["unconstrained_tokens_per_s"]
+    print(f"  {concurrency} json_object streams: {row['json_object_tokens_per_s']:7.1f} tok/s, "
+          f"the same {concurrency} unconstrained (same lengths, {sum(lengths)} tokens): "
+          f"{row['unconstrained_tokens_per_s']:7.1f} tok/s, ratio {row['ratio']:.3f}; "
+          f"mask {row['mask_ms_per_step']:.2f} ms per step")  # fmt: skip
+    return row
 
 
 def _throughput(core: Core, levels: list[int], out_tokens: int) -> list[dict[str, float]]:
@@ -241,7 +288,8 @@ def main() -> None:
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     print(f"engine core over the protocol, {args.out_tokens} output tokens per request, greedy")
-    result: dict[str, object] = {"throughput": throughput(levels, args.out_tokens)}
+    levels_rows, grammar_row = throughput(levels, args.out_tokens)
+    result: dict[str, object] = {"throughput": levels_rows, "json_object": grammar_row}
     on, off = prefix_ttft("radix"), prefix_ttft("none")
     print(
         f"  TTFT with a shared 1,000-token prefix: cache on {on * 1000:.0f} ms, off {off * 1000:.0f} ms, {off / on:.1f}x"

@@ -129,7 +129,8 @@ def _guided(param: str, value: object, checker: GrammarChecker) -> Constraint:
         grammar = checker.check(param, lambda: json_schema_grammar(schema, lenient=True))
         return Constraint(grammar, param, schema, strict=False)
     if kind == "json_object":
-        return Constraint(checker.check(param, json_object_grammar), param, None, strict=True)
+        grammar = checker.check(param, json_object_grammar)
+        return Constraint(grammar, param, {"type": "object"}, strict=True)
     assert isinstance(value, str | list)  # the request's types
     builders: dict[str, Callable[[], str]] = {
         "regex": lambda: regex_grammar(str(value)),

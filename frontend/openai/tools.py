@@ -14,6 +14,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final
 
 from frontend.openai.requests import (
@@ -54,15 +55,19 @@ def plan_tools(
     choice = req.tool_choice if req.tool_choice is not None else "auto"
     if not tools or choice == "none":
         return None
-    if constraint is not None and (choice != "auto" or syntax.free_text == "first"):
+    if constraint is not None and (
+        choice != "auto" or syntax.free_text == "first" or constraint.schema is None
+    ):
         raise unsupported(
             constraint.param,
-            "An output constraint together with tools is served only with tool_choice 'auto' "
+            "With tools, only a JSON output constraint is served, under tool_choice 'auto' "
             "and a template whose answers are not bare JSON.",
         )
-    for i, tool in enumerate(tools):
-        param = f"tools[{i}].function.parameters"
-        checker.check(param, lambda tool=tool: json_schema_grammar(*_arguments(tool)))  # type: ignore[misc]
+    for i, tool in enumerate(tools):  # each schema alone first: a refusal names its tool
+        schema, lenient = _arguments(tool)
+        checker.check(
+            f"tools[{i}].function.parameters", partial(json_schema_grammar, schema, lenient)
+        )
     called = [
         t for t in tools if isinstance(choice, str) or t.function.name == choice.function.name
     ]
@@ -70,15 +75,10 @@ def plan_tools(
     lark = _grammar(syntax, called, choice == "auto", parallel, constraint)
     grammar = checker.check("tools", lambda: lark_grammar(lark))
     descriptions = [_description(t) for t in tools]
-    return ToolPlan(
-        syntax=syntax,
-        grammar=grammar,
-        content_is_json=constraint is not None,
-        template_tools=descriptions if syntax.in_template else None,
-        system_prompt=None
-        if syntax.in_template
-        else _system_prompt(descriptions, choice, parallel),
-    )
+    if syntax.in_template:
+        return ToolPlan(syntax, grammar, constraint is not None, descriptions, None)
+    prompt = _system_prompt(descriptions, choice, parallel)
+    return ToolPlan(syntax, grammar, constraint is not None, None, prompt)
 
 
 def validate_tools(req: ChatCompletionRequest) -> None:
@@ -184,8 +184,9 @@ def _grammar(
         start = f"{answer} | {calls}" if auto else calls
     if "doc" in start:
         schema: dict[str, Any] = (
-            {"type": "string"} if constraint is None else dict(constraint.schema or {})
-        )
+            {"type": "string"} if constraint is None or constraint.schema is None
+            else dict(constraint.schema)
+        )  # fmt: skip
         schema["x-guidance"] = json_options(constraint is not None and not constraint.strict)
         rules.append(f"doc: %json {json.dumps(schema)}")
     return "\n".join(["%llguidance {}", f"start: {start}", *rules]) + "\n"

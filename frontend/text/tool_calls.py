@@ -15,7 +15,7 @@ its arguments as they come (their fragments concatenate to the arguments' JSON t
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
 
@@ -198,9 +198,8 @@ class ToolCallParser:
     syntax: ToolSyntax
     content_is_json: bool = False  # JSON form: the answer is a JSON document, not a string
     content: str = ""  # everything released as content so far
-    calls: list[ParsedCall] = field(default_factory=list)
+    _calls: list[tuple[str, str, list[str]]] = field(default_factory=list)  # id, name, arguments
     _state: _State = _State.TEXT
-    _literal: str = ""  # LITERAL: what is still expected
     _options: tuple[tuple[str, _State], ...] = ()  # LITERAL: alternatives and where each leads
     _matched: str = ""  # LITERAL: what matched so far
     _held: str = ""  # TEXT: a possible start of a call's trigger
@@ -211,7 +210,12 @@ class ToolCallParser:
     _json: _JsonEnd = field(default_factory=_JsonEnd)
     _string: _StringDecoder = field(default_factory=_StringDecoder)
     _out: list[str] = field(default_factory=list)
-    _deltas: list[CallDelta] = field(default_factory=list)
+    _deltas: list[tuple[int, bool, list[str]]] = field(default_factory=list)  # call, opens it, args
+
+    @property
+    def calls(self) -> list[ParsedCall]:
+        """Every call read so far (the last one may be cut short)."""
+        return [ParsedCall(i, name, "".join(args)) for i, name, args in self._calls]
 
     def __post_init__(self) -> None:
         if not self.syntax.free_text:
@@ -341,20 +345,16 @@ class ToolCallParser:
             self._segment, self._space = False, ""
 
     def _begin_call(self) -> None:
-        call_id = f"call_{uuid.uuid4().hex[:24]}"
-        self.calls.append(ParsedCall(call_id, self._name, ""))
-        self._deltas.append(CallDelta(len(self.calls) - 1, call_id, self._name, ""))
+        self._calls.append((f"call_{uuid.uuid4().hex[:24]}", self._name, []))
+        self._deltas.append((len(self._calls) - 1, True, []))
         self._expect((self.syntax.call_args[1:], _State.ARGS))
 
     def _arguments(self, fragment: str) -> None:
-        index = len(self.calls) - 1
-        call = self.calls[index]
-        self.calls[index] = call._replace(arguments=call.arguments + fragment)
-        last = self._deltas[-1] if self._deltas else None
-        if last is not None and last.index == index and last.name is None:
-            self._deltas[-1] = replace(last, arguments=last.arguments + fragment)
-        else:
-            self._deltas.append(CallDelta(index, None, None, fragment))
+        index = len(self._calls) - 1
+        self._calls[index][2].append(fragment)
+        if not self._deltas or self._deltas[-1][:2] != (index, False):
+            self._deltas.append((index, False, []))
+        self._deltas[-1][2].append(fragment)
 
     def _after_call(self) -> None:
         s = self.syntax
@@ -371,5 +371,12 @@ class ToolCallParser:
     def _release(self) -> Parsed:
         text = "".join(self._out)
         self.content += text
-        deltas, self._out, self._deltas = self._deltas, [], []
+        deltas = []
+        for index, opens, fragments in self._deltas:
+            call_id, name, _ = self._calls[index]
+            if opens:  # the first delta of a call: its id and name, no arguments yet
+                deltas.append(CallDelta(index, call_id, name, ""))
+            else:
+                deltas.append(CallDelta(index, None, None, "".join(fragments)))
+        self._out, self._deltas = [], []
         return Parsed(text, deltas)

@@ -143,6 +143,10 @@ def test_tools_and_a_response_format_the_answer_is_the_document(
     assert refused.value.http_status == 422
     with pytest.raises(ServingError):
         plan_tools(chat(tools=TOOLS, tool_choice="required", **fields), HERMES, constraint, checker)
+    regex = output_constraint(chat(guided_regex="a+"), checker)
+    with pytest.raises(ServingError) as refused:  # only a JSON answer goes beside calls
+        plan_tools(chat(tools=TOOLS, guided_regex="a+"), HERMES, regex, checker)
+    assert (refused.value.http_status, refused.value.param) == (422, "guided_regex")
 
 
 def test_no_tools_or_none_make_no_plan(checker: GrammarChecker) -> None:
