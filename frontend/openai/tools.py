@@ -101,7 +101,7 @@ def validate_tools(req: ChatCompletionRequest) -> None:
             f"'tool_choice' names the function '{choice.function.name}', not one of the tools.",
         )
     for i, message in enumerate(req.messages):
-        if message.tool_calls and message.role != "assistant":
+        if message.tool_calls is not None and message.role != "assistant":
             raise invalid(f"messages[{i}].tool_calls", "Only assistant messages make tool calls.")
         for j, call in enumerate(message.tool_calls or []):
             if call.type != "function":

@@ -219,6 +219,7 @@ BAD = [
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "missing"}}}, "tool_choice"),
     ({"messages": [{"role": "user", "content": "x", "tool_calls": [
         {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages[0].tool_calls"),
+    ({"messages": [{"role": "tool", "content": "x", "tool_calls": []}]}, "messages[0].tool_calls"),
 ]  # fmt: skip
 
 
