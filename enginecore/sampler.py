@@ -149,9 +149,11 @@ def penalized(
         # HF: over prompt + output, positive logits shrink by division, negative by multiplication.
         seen = np.unique(np.concatenate([np.asarray(prompt_ids), np.asarray(output_ids)]))
         seen = seen.astype(np.int64)
-        v = x[seen]
+        # in float64: a penalty that underflows float32 would turn a masked -inf into NaN
+        v = x[seen].astype(np.float64)
         r = params.repetition_penalty
-        x[seen] = np.where(v > 0, v / r, v * r)
+        with np.errstate(over="ignore"):  # a logit over float32's range is +inf, as meant
+            x[seen] = np.where(v > 0, v / r, v * r)
     if len(output_ids) and (params.presence_penalty or params.frequency_penalty):
         # OpenAI: generated tokens only.
         toks, counts = np.unique(np.asarray(output_ids, dtype=np.int64), return_counts=True)
@@ -166,6 +168,9 @@ def filtered(x: Logits, params: SamplingParams) -> Distribution:
     ids = top_ids(x, k)
     z = x[ids].astype(np.float64) / params.temperature
     zmax = z.max()
+    if zmax == np.inf:  # a huge repetition penalty: the infinite logits share all the mass
+        z = np.where(z == np.inf, 0.0, -np.inf)
+        zmax = 0.0
     if params.min_p > 0.0:
         # p >= min_p * p_max  <=>  z >= z_max + ln(min_p): a logit threshold, no softmax needed.
         keep = z >= zmax + np.log(params.min_p)

@@ -145,6 +145,21 @@ def test_a_failing_grammar_fails_only_its_own_rows(
     assert out[2].token_ids == ids(byte_vocab, "b")
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_extreme_penalties_never_revive_a_masked_token(temperature: float) -> None:
+    """A repetition penalty that underflows float32 (the fuzzer sent 5e-324) makes the seen
+    logits +-inf: masked tokens must stay -inf, and the infinite ones share the mass."""
+    logits = np.random.default_rng(0).normal(0, 3, (1, 100)).astype(np.float32)
+    logits[0, 50:] = -np.inf
+    params = SamplingParams(max_tokens=8, repetition_penalty=5e-324, temperature=temperature)
+    row = Row(params, prompt_ids=list(range(100)))
+    sampler = Sampler(100)
+    chosen = {
+        sampler.emit(logits.copy(), [SampleSeq(row, 1, [])])[0].token_ids[0] for _ in range(50)
+    }
+    assert chosen and all(t < 50 and logits[0, t] > 0 for t in chosen)
+
+
 def test_an_unconstrained_step_is_left_alone(byte_vocab: Vocabulary) -> None:
     masker = LogitsMasker(byte_vocab.size)
     logits = np.ones((2, byte_vocab.size), np.float32)
