@@ -196,11 +196,12 @@ def _grammar(
 
 
 def _description(tool: Tool) -> dict[str, object]:
-    """A tool as OpenAI documents describe it, without the fields left out."""
-    function: dict[str, object] = {"name": tool.function.name}
-    if tool.function.description is not None:
-        function["description"] = tool.function.description
-    function["parameters"] = _arguments(tool)[0]
+    """A tool as OpenAI documents describe it (templates such as Hermes' need a description)."""
+    function: dict[str, object] = {
+        "name": tool.function.name,
+        "description": tool.function.description or "",
+        "parameters": _arguments(tool)[0],
+    }
     return {"type": "function", "function": function}
 
 

@@ -16,10 +16,19 @@ from frontend.openai.tools import (
     validate_tools,
     with_system_prompt,
 )
-from frontend.text.tool_calls import HERMES, JSON_FORM, LLAMA3_JSON, ToolCallParser, ToolSyntax
+from frontend.text.chat_template import ChatTemplate
+from frontend.text.tool_calls import (
+    HERMES,
+    JSON_FORM,
+    LLAMA3_JSON,
+    ToolCallParser,
+    ToolSyntax,
+    tool_syntax_of,
+)
 from shared.errors import ServingError
 from tests.conftest import TinyModels
 from tests.fixtures.grammars import Vocabulary
+from tests.fixtures.llama_templates import template as llama_template
 
 WEATHER = {
     "type": "function",
@@ -161,7 +170,11 @@ def test_the_prompt_of_each_format(checker: GrammarChecker) -> None:
         WEATHER | {"function": {k: v for k, v in WEATHER["function"].items() if k != "strict"}},  # type: ignore[operator]
         {
             "type": "function",
-            "function": {"name": "add", "parameters": ADD["function"]["parameters"]},
+            "function": {
+                "name": "add",
+                "description": "",
+                "parameters": ADD["function"]["parameters"],
+            },
         },  # type: ignore[index]
     ]
     form = plan_tools(chat(tools=TOOLS, tool_choice="required"), JSON_FORM, None, checker)
@@ -238,3 +251,35 @@ def test_a_strict_tool_whose_schema_does_not_compile_is_a_400(checker: GrammarCh
     assert (refused.value.http_status, refused.value.param) == (400, "tools[1].function.parameters")
     lenient = {"type": "function", "function": broken["function"] | {"strict": False}}  # type: ignore[operator]
     assert plan_tools(chat(tools=[ADD, lenient]), JSON_FORM, None, checker) is not None
+
+
+@pytest.mark.parametrize(
+    ("name", "syntax"),
+    [
+        ("Qwen-Qwen2.5-7B-Instruct", HERMES),
+        ("Qwen-Qwen3-0.6B", HERMES),
+        ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use", HERMES),
+        ("meta-llama-Llama-3.1-8B-Instruct", LLAMA3_JSON),
+    ],
+)
+def test_a_template_renders_past_calls_as_its_grammar_writes_them(
+    checker: GrammarChecker, name: str, syntax: ToolSyntax
+) -> None:
+    """What the template shows of the history's calls is what the reply grammar forces."""
+    template = ChatTemplate(llama_template(name), "<s>", "</s>")
+    assert tool_syntax_of(template.source) is syntax
+    history = [*HISTORY[:1], {"role": "assistant", "content": None, "tool_calls": HISTORY[1]["tool_calls"][:1]},
+               HISTORY[2]]  # fmt: skip
+    req = chat(messages=history, tools=TOOLS)
+    plan = plan_tools(req, syntax, None, checker)
+    assert plan is not None and plan.template_tools is not None
+    shown: list[dict[str, object]] = [
+        {"role": m["role"], "content": m["content"] or ""} for m in history
+    ]
+    text = template.render(
+        template_history(req.messages, shown, syntax),
+        add_generation_prompt=True,
+        tools=plan.template_tools,
+    )
+    assert call(syntax, "get_weather", W_ARGS) in text
+    assert "The weather in a city" in text and "sunny" in text
