@@ -192,10 +192,34 @@ def throughput(
         return _throughput(core, levels, out_tokens), grammar_overhead(core, 64, out_tokens)
 
 
+def chat_prompts(contents: list[str]) -> list[list[int]]:
+    """Each content as one user message, rendered by the bundled model's template."""
+    card = read_tokenizer_metadata(Path(BUNDLED_MODEL).expanduser())
+    tok = Tokenizer(card)
+    template = ChatTemplate(card.chat_template or "", card.bos_token, card.eos_token)
+    return [
+        tok.encode(template.render([{"role": "user", "content": c}], add_generation_prompt=True))
+        for c in contents
+    ]
+
+
+_KINDS = [
+    ("people", "names, ages and cities"),
+    ("books", "titles, authors and years"),
+    ("cities", "names, countries and populations"),
+    ("cars", "makes, models and prices"),
+]
+# 64 requests for long JSON documents (a prompt of random tokens gets `{}` at once)
+JSON_ASKS = [
+    f"Write a JSON object that lists {5 + i} {kind} with their {fields}."
+    for i, (kind, fields) in enumerate(_KINDS * 16)
+]
+
+
 def grammar_overhead(core: Core, concurrency: int, out_tokens: int) -> dict[str, float]:
     """json_object requests (each ends when its document does, at most out_tokens), then the
     same prompts unconstrained with each one's max_tokens set to its twin's length."""
-    prompts = random_prompts(concurrency, PROMPT_LEN, 1234)
+    prompts = chat_prompts(JSON_ASKS[:concurrency])
     grammar = json_object_grammar()
     params = SamplingParams(
         max_tokens=out_tokens, temperature=0.0, ignore_eos=True, grammar=grammar
@@ -295,15 +319,7 @@ def main() -> None:
         f"  TTFT with a shared 1,000-token prefix: cache on {on * 1000:.0f} ms, off {off * 1000:.0f} ms, {off / on:.1f}x"
     )
     result["prefix_ttft_s"] = {"radix": on, "none": off}
-    card = read_tokenizer_metadata(Path(BUNDLED_MODEL).expanduser())
-    tok, template = (
-        Tokenizer(card),
-        ChatTemplate(card.chat_template or "", card.bos_token, card.eos_token),
-    )
-    prompts = [
-        tok.encode(template.render([{"role": "user", "content": c}], add_generation_prompt=True))
-        for c in TASKS.values()
-    ]
+    prompts = chat_prompts(list(TASKS.values()))
     spec_on = task_tokens_per_s("prompt_lookup", prompts)
     spec_off = task_tokens_per_s("none", prompts)
     lookup = {}
