@@ -54,6 +54,9 @@ def test_smollm_gguf_metadata() -> None:
     # metadata eos (2) plus <|endoftext|> (0), the same stop set as the reference run
     assert metadata.eos_ids == [0, 2]
     assert metadata.add_bos is False
+    assert metadata.add_eos is False
+    assert (metadata.model, metadata.byte_level, metadata.add_space_prefix) == ("gpt2", True, False)
+    assert (metadata.eos_id, metadata.scores, metadata.rstrip_ids) == (2, [], [])
     assert metadata.tokenizer_json is None
     assert metadata.chat_template is not None
     assert metadata.chat_template.startswith("{% for message in messages %}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gguf
 import pytest
 
 from shared.tokenizer import Tokenizer
@@ -23,6 +22,7 @@ from shared.tokenizer_metadata import (
     read_tokenizer_metadata,
 )
 from tests.fixtures.byte_tokenizer import byte_unicode_chars
+from tests.fixtures.vocab_gguf import write_vocab_gguf as write
 
 BYTES = [f"<0x{b:02X}>" for b in range(256)]
 # SentencePiece pieces and scores: higher merges first, so "ll" (-9) before "he" (-10)
@@ -31,33 +31,6 @@ PIECES |= {"▁he": -11, "llo": -12, "▁hello": -13, "▁w": -14, "▁wo": -15}
 SPM = ["<unk>", "<s>", "</s>", "<|end|>", "<tool>", *BYTES, *PIECES]
 ID = {text: i for i, text in enumerate(SPM)}
 FIRST_BYTE = ID["<0x00>"]
-
-
-def write(path: Path, model: str, tokens: list[str], types: list[int], **meta: object) -> Path:
-    """A vocabulary-only GGUF; `meta` keys are tokenizer.ggml.* (or general.* with a dot)."""
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tokenizer_model(model)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    for key, value in meta.items():
-        name = key if "." in key else f"tokenizer.ggml.{key}"
-        if key == "merges":
-            w.add_token_merges(value)  # type: ignore[arg-type]
-        elif key == "scores":
-            w.add_token_scores(value)  # type: ignore[arg-type]
-        elif isinstance(value, bool):
-            w.add_bool(name, value)
-        elif isinstance(value, int):
-            w.add_uint32(name, value)
-        elif isinstance(value, str):
-            w.add_string(name, value)
-        else:
-            raise TypeError(f"{key}: {value!r}")
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 def spm(tmp_path: Path, **meta: object) -> Tokenizer:
