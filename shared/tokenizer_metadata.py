@@ -37,9 +37,7 @@ class TokenizerMetadata(msgspec.Struct, frozen=True):
     token_types: list[int]  # GGUF token type by id (NORMAL, CONTROL, USER_DEFINED, ...)
     scores: list[float]  # SentencePiece piece scores by id ("llama" vocabularies), else []
     merges: list[str]  # BPE merges, "left right"
-    pre_tokenizer: (
-        str  # GGUF tokenizer.ggml.pre ("smollm", "llama-bpe", ...); "hf" if tokenizer.json
-    )
+    pre_tokenizer: str  # GGUF tokenizer.ggml.pre ("smollm", "llama-bpe", ...); "hf": tokenizer.json
     byte_level: bool  # token text in GPT-2's byte alphabet; else SentencePiece text (▁ = space)
     add_space_prefix: bool  # SentencePiece: a space starts the text and each text after a special
     bos_id: int | None
