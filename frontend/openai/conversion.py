@@ -90,7 +90,7 @@ class Converter:
         self._require_welcome = require_welcome  # the core's Welcome, or 503 engine_unavailable
         self._max_messages = max_messages
         self._grammars = GrammarChecker(model.tokenizer)
-        self._tool_syntax = tool_syntax_of(model.template.source)
+        self._tool_syntax = tool_syntax_of(model.template.tools_source)
 
     async def chat(self, req: ChatCompletionRequest, headers: Mapping[str, str]) -> GenerationJob:
         validate_chat(req)

@@ -15,9 +15,9 @@ import jsonschema
 import openai
 import pytest
 
+from tests.conftest import llama_cpp_template
 from tests.fixtures import tool_model
 from tests.fixtures.live_server import default_engine, live_server
-from tests.fixtures.llama_templates import template
 
 pytestmark = [pytest.mark.integration, pytest.mark.conformance]
 
@@ -38,7 +38,7 @@ ASK: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest.fixture(scope="module")
 def caller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
     model = tool_model.write(
-        tmp_path_factory.mktemp("caller"), template("Qwen-Qwen2.5-7B-Instruct")
+        tmp_path_factory.mktemp("caller"), llama_cpp_template("Qwen-Qwen2.5-7B-Instruct")
     )
     engine = default_engine(model, model_id="caller")
     with live_server(tmp_path_factory.mktemp("serve"), engine) as server:

@@ -19,8 +19,8 @@ from frontend.text.tool_calls import (
     ToolSyntax,
     tool_syntax_of,
 )
+from tests.conftest import llama_cpp_template
 from tests.fixtures.chat_templates import SMOLLM_TEMPLATE
-from tests.fixtures.llama_templates import template
 
 W_ARGS = '{"city": "Paris", "days": [1, 2]}'
 A_ARGS = '{"a": 1, "b": {"c": "}\\"{"}}'
@@ -136,7 +136,7 @@ def test_text_that_leaves_the_format_is_kept_as_content() -> None:
     ],
 )
 def test_templates_are_recognised_by_their_tool_call_format(name: str, syntax: ToolSyntax) -> None:
-    assert tool_syntax_of(template(name)) is syntax
+    assert tool_syntax_of(llama_cpp_template(name)) is syntax
 
 
 def test_a_template_without_tools_gets_the_json_form() -> None:

@@ -26,9 +26,8 @@ from frontend.text.tool_calls import (
     tool_syntax_of,
 )
 from shared.errors import ServingError
-from tests.conftest import TinyModels
+from tests.conftest import TinyModels, llama_cpp_template
 from tests.fixtures.grammars import Vocabulary
-from tests.fixtures.llama_templates import template as llama_template
 
 WEATHER = {
     "type": "function",
@@ -266,8 +265,8 @@ def test_a_template_renders_past_calls_as_its_grammar_writes_them(
     checker: GrammarChecker, name: str, syntax: ToolSyntax
 ) -> None:
     """What the template shows of the history's calls is what the reply grammar forces."""
-    template = ChatTemplate(llama_template(name), "<s>", "</s>")
-    assert tool_syntax_of(template.source) is syntax
+    template = ChatTemplate(llama_cpp_template(name), "<s>", "</s>")
+    assert tool_syntax_of(template.tools_source) is syntax
     history = [*HISTORY[:1], {"role": "assistant", "content": None, "tool_calls": HISTORY[1]["tool_calls"][:1]},
                HISTORY[2]]  # fmt: skip
     req = chat(messages=history, tools=TOOLS)
