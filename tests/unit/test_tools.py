@@ -282,3 +282,13 @@ def test_a_template_renders_past_calls_as_its_grammar_writes_them(
     )
     assert call(syntax, "get_weather", W_ARGS) in text
     assert "The weather in a city" in text and "sunny" in text
+
+
+def test_a_models_tool_use_template_decides_the_tool_call_format() -> None:
+    """Hermes 2 Pro ships a plain template and a tool_use one: requests with tools render
+    through the latter, so its `<tool_call>` format is the one the reply is held to."""
+    plain = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    tool_use = llama_cpp_template("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use")
+    template = ChatTemplate(plain, "<s>", "</s>", tool_use_source=tool_use)
+    assert tool_syntax_of(template.tools_source) is HERMES
+    assert tool_syntax_of(ChatTemplate(plain, "<s>", "</s>").tools_source) is JSON_FORM
