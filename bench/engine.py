@@ -11,7 +11,10 @@ Prints, on the bundled model:
   4. what grammars cost: 64 concurrent `json_object` requests beside the same 64 requests
      unconstrained, each made as long as its constrained twin (so both runs batch alike).
 
-    python -m bench.engine [--levels 1,4,16,64] [--out bench/out/engine.json]
+    python -m bench.engine [--levels 1,4,16,64] [--only throughput,grammar,prefix,lookup]
+                           [--out bench/out/engine.json]
+
+`--only` runs some of the sections (1 and 4 share one core process).
 """
 
 from __future__ import annotations
@@ -185,11 +188,15 @@ def random_prompts(n: int, length: int, seed: int) -> list[list[int]]:
     return [rng.integers(100, 40000, length).tolist() for _ in range(n)]
 
 
-def throughput(
-    levels: list[int], out_tokens: int
-) -> tuple[list[dict[str, float]], dict[str, float]]:
+def throughput(levels: list[int], out_tokens: int, grammar: bool) -> dict[str, object]:
+    """Sections 1 (if levels) and 4 (if grammar), on one core process."""
+    result: dict[str, object] = {}
     with Core() as core:
-        return _throughput(core, levels, out_tokens), grammar_overhead(core, 64, out_tokens)
+        if levels:
+            result["throughput"] = _throughput(core, levels, out_tokens)
+        if grammar:
+            result["json_object"] = grammar_overhead(core, 64, out_tokens)
+    return result
 
 
 def chat_prompts(contents: list[str]) -> list[list[int]]:
@@ -302,23 +309,8 @@ def task_tokens_per_s(speculative: str, prompts: list[list[int]]) -> list[tuple[
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--levels", default="1,4,16,64")
-    parser.add_argument("--out-tokens", type=int, default=128)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "engine.json")
-    args = parser.parse_args()
-    levels = [int(x) for x in args.levels.split(",")]
-    print(f"engine core over the protocol, {args.out_tokens} output tokens per request, greedy")
-    levels_rows, grammar_row = throughput(levels, args.out_tokens)
-    result: dict[str, object] = {"throughput": levels_rows, "json_object": grammar_row}
-    on, off = prefix_ttft("radix"), prefix_ttft("none")
-    print(
-        f"  TTFT with a shared 1,000-token prefix: cache on {on * 1000:.0f} ms, off {off * 1000:.0f} ms, {off / on:.1f}x"
-    )
-    result["prefix_ttft_s"] = {"radix": on, "none": off}
+def prompt_lookup() -> dict[str, dict[str, float]]:
+    """Section 3: each task with prompt lookup on and off."""
     prompts = chat_prompts(list(TASKS.values()))
     spec_on = task_tokens_per_s("prompt_lookup", prompts)
     spec_off = task_tokens_per_s("none", prompts)
@@ -329,7 +321,36 @@ def main() -> None:
         print(f"  {name} task, 1 stream: prompt lookup {on_s:.1f} tok/s, off {off_s:.1f} tok/s, "
               f"{on_s / off_s:.2f}x ({accepted} of {proposed} drafts accepted)")  # fmt: skip
         lookup[name] = {"on": on_s, "off": off_s, "proposed": proposed, "accepted": accepted}
-    result["prompt_lookup_tokens_per_s"] = lookup
+    return lookup
+
+
+SECTIONS = ("throughput", "grammar", "prefix", "lookup")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--levels", default="1,4,16,64")
+    parser.add_argument("--out-tokens", type=int, default=128)
+    parser.add_argument("--only", default=",".join(SECTIONS), help="sections to run")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "engine.json")
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    if only - set(SECTIONS):
+        parser.error(f"--only: sections are {', '.join(SECTIONS)}")
+    levels = [int(x) for x in args.levels.split(",")] if "throughput" in only else []
+    print(f"engine core over the protocol, {args.out_tokens} output tokens per request, greedy")
+    result: dict[str, object] = {}
+    if levels or "grammar" in only:
+        result.update(throughput(levels, args.out_tokens, "grammar" in only))
+    if "prefix" in only:
+        on, off = prefix_ttft("radix"), prefix_ttft("none")
+        print(f"  TTFT with a shared 1,000-token prefix: cache on {on * 1000:.0f} ms, "
+              f"off {off * 1000:.0f} ms, {off / on:.1f}x")  # fmt: skip
+        result["prefix_ttft_s"] = {"radix": on, "none": off}
+    if "lookup" in only:
+        result["prompt_lookup_tokens_per_s"] = prompt_lookup()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
