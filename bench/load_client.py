@@ -17,6 +17,7 @@ from bench.load_sse import DONE, SSEDecoder, read_chunk
 from bench.load_stats import RequestRecord
 
 JSON = {"Content-Type": "application/json"}
+STALE_RETRIES = 4
 
 
 async def send_one(
@@ -26,13 +27,26 @@ async def send_one(
     timeout_s: float,
     deadline: float,
 ) -> RequestRecord:
-    """One streamed request, never raising: a failure is recorded by status or kind."""
+    """One streamed request, never raising: a failure is recorded by status or kind.
+
+    A connection the server closed while it sat idle in the pool (llama-server closes each one
+    after a streamed response, a race with its reuse) fails before any answer: the request is
+    sent again, as HTTP clients do, up to STALE_RETRIES times (the pool may hold several such
+    connections), its time counted from the first try.
+    """
     record = RequestRecord()
     t0 = time.perf_counter()
     budget = min(timeout_s, deadline - t0)
     try:
         async with asyncio.timeout(budget):
-            await _stream(session, url, body, record, t0)
+            for attempt in range(STALE_RETRIES + 1):
+                try:
+                    await _stream(session, url, body, record, t0)
+                    break
+                except aiohttp.ClientConnectionError:
+                    # once the answer has begun, or after the last retry, it is a real failure
+                    if record.end or record.token_times or attempt == STALE_RETRIES:
+                        raise
     except TimeoutError:
         record.failure = "deadline" if budget < timeout_s else "timeout"
     except aiohttp.ClientError as exc:
