@@ -75,10 +75,7 @@ def model_key(name: str) -> str:
 
 def machine() -> dict[str, Any]:
     """CPU model, flags and core counts from /proc/cpuinfo; memory from /proc/meminfo."""
-    info: dict[str, str] = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
+    info = llamacpp.cpuinfo_fields(Path("/proc/cpuinfo").read_text())
     mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
     return {
         "cpu": info.get("model name", "?"),

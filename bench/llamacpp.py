@@ -78,13 +78,18 @@ class Build(NamedTuple):
         return self.lib / "libllama.so"
 
 
-def cpu_flags(cpuinfo: str) -> set[str]:
-    """The first CPU's feature flags in /proc/cpuinfo text."""
+def cpuinfo_fields(cpuinfo: str) -> dict[str, str]:
+    """The first CPU's fields in /proc/cpuinfo text ("model name", "flags", ...)."""
+    info: dict[str, str] = {}
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return set(value.split())
-    return set()
+        info.setdefault(key.strip(), value.strip())
+    return info
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """The first CPU's feature flags in /proc/cpuinfo text."""
+    return set(cpuinfo_fields(cpuinfo).get("flags", "").split())
 
 
 def isa_options(flags: set[str]) -> dict[str, bool]:
@@ -267,11 +272,7 @@ def build(version: str, jobs: int) -> Build:
 
 
 def machine_cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            return value.strip()
-    return "?"
+    return cpuinfo_fields(Path("/proc/cpuinfo").read_text()).get("model name", "?")
 
 
 def main(argv: list[str] | None = None) -> int:
