@@ -58,6 +58,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--wait-others", type=float, default=0.15, help="others' cores to wait for before a level"
     )
+    p.add_argument(
+        "--retry-disturbed", type=int, default=2, help="repeats of a level others disturbed"
+    )
     p.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out" / "compare")
     p.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
     p.add_argument("--report-only", action="store_true", help="re-render from summary.json")

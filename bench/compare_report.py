@@ -37,7 +37,9 @@ llama-cpp-python, when its venv exists, serves one request at a time
 (`--interrupt_requests False`); requests still waiting at `--max-seconds` count as `deadline`
 failures, and it sends no usage chunk (tokens counted one per content chunk). The last column
 of each table is the CPU the server's processes used during the level and the CPU every other
-process used (other sessions' work; near 0 means an undisturbed level), in cores."""
+process used (other sessions' work; near 0 means an undisturbed level), in cores. A level
+during which others used more than 0.25 cores is run again (`--retry-disturbed`, with the
+next seed: new prompts of the same lengths), and the table says which attempt it shows."""
 
 
 def read_run(path: str) -> RunReport:
@@ -58,7 +60,9 @@ def _outcome(lv: LevelReport) -> str:
 def _cpu(run: dict[str, Any] | None) -> str:
     if run is None or "other_cores" not in run:
         return "-"
-    return f"{run['server_cores']:.2f} / {run['other_cores']:.2f}"
+    tries = run.get("attempts", 1)
+    again = f" (attempt {tries}: the ones before were disturbed)" if tries > 1 else ""
+    return f"{run['server_cores']:.2f} / {run['other_cores']:.2f}{again}"
 
 
 def levels_by_label(runs: list[dict[str, Any]]) -> dict[str, dict[int, LevelReport]]:

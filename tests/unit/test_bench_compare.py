@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.compare import model_key
+from bench.compare_load import _reseeded
 from bench.compare_report import compose
 from bench.compare_targets import ratios
 from bench.load_stats import Dist, LevelReport
@@ -70,3 +71,10 @@ def test_the_soak_section_of_an_unmarked_file_is_kept() -> None:
                                             ("/x/my-model.Q4_0.gguf", "my-model.Q4_0")])  # fmt: skip
 def test_model_key(name: str, key: str) -> None:
     assert model_key(name) == key
+
+
+def test_a_repeated_level_gets_new_prompts_of_the_same_lengths() -> None:
+    flags = ["--concurrency", "16", "--input-len", "32:64", "--seed", "16"]
+    assert _reseeded(list(flags), 0) == flags
+    assert _reseeded(list(flags), 2) == [*flags[:-1], "2016"]
+    assert _reseeded(["--concurrency", "1"], 1) == ["--concurrency", "1"]
