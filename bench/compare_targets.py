@@ -1,4 +1,4 @@
-"""The issue's targets: tl-serve's output tok/s over llama-server's at the same concurrency, and
+"""The speed targets: tl-serve's output tok/s over llama-server's at the same concurrency, and
 TTFT p99 below llama-server's, per model."""
 
 from __future__ import annotations
@@ -65,5 +65,5 @@ def ratios(levels: dict[str, dict[int, LevelReport]], key: str) -> list[str]:
             f"{ratio:.2f}x | {tput} | {tl_p99:,.0f} / {base_p99:,.0f} | {ttft} |{extra}"
         )
     if key not in TARGETS:
-        rows.append(f"\nThe issue sets no targets for `{key}`: the ratios are for reference.")
+        rows.append(f"\nNo target is set for `{key}`: the ratios are for reference.")
     return rows

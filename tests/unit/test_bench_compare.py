@@ -47,7 +47,7 @@ def test_a_model_without_targets_gets_ratios_only_and_other_anchors_a_column() -
     lines = ratios(levels, "Q8_0")
     assert "| 1.20x | - |" in row(lines, 1)
     assert row(lines, 1).endswith(" 2.00x |")
-    assert any("sets no targets for `Q8_0`" in line for line in lines)
+    assert any("No target is set for `Q8_0`" in line for line in lines)
     assert ratios({"tl-serve": levels["tl-serve"]}, "bundled")[0].startswith("(no ")
 
 
