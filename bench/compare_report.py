@@ -39,7 +39,8 @@ failures, and it sends no usage chunk (tokens counted one per content chunk). Th
 of each table is the CPU the server's processes used during the level and the CPU every other
 process used (other sessions' work; near 0 means an undisturbed level), in cores. A level
 during which others used more than 0.25 cores is run again (`--retry-disturbed`, with the
-next seed: new prompts of the same lengths), and the table says which attempt it shows."""
+next seed: new prompts of the same lengths), and the table shows the least disturbed
+attempt."""
 
 
 def read_run(path: str) -> RunReport:
@@ -61,7 +62,7 @@ def _cpu(run: dict[str, Any] | None) -> str:
     if run is None or "other_cores" not in run:
         return "-"
     tries = run.get("attempts", 1)
-    again = f" (attempt {tries}: the ones before were disturbed)" if tries > 1 else ""
+    again = f" (attempt {tries}, the least disturbed)" if tries > 1 else ""
     return f"{run['server_cores']:.2f} / {run['other_cores']:.2f}{again}"
 
 
