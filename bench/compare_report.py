@@ -141,7 +141,7 @@ def overload_section(results: list[dict[str, Any]]) -> list[str]:
             "",
             f"- sent {o['sent']}: completed {o['completed']}, 429 {o['rejected_429']}, "
             f"other failures {o['other_failures'] or 'none'}",
-            f"- latency of a 429: {d(o, 'rejection_ms')}",
+            *([f"- latency of a 429: {d(o, 'rejection_ms')}"] if o["rejected_429"] else []),
             f"- completed requests: TTFT {d(o, 'completed_ttft_ms')}; e2e {d(o, 'completed_e2e_ms')}",
             *([f"- a 429 body: `{o['first_429_body']}`"] if o["first_429_body"] else []),
             "",
@@ -167,8 +167,12 @@ def machine_section(phases: dict[str, Any]) -> list[str]:
     ]
     for name, p in phases.items():
         other_cpu = "" if p["machine"]["cpu"] == m["cpu"] else f", on {p['machine']['cpu']}"
-        rows.append(f"- {name}: {p['date']} to {p['finished']} (UTC){other_cpu}")
-    rows.append("- versions: " + ", ".join(f"{k} {v}" for k, v in first["versions"].items()))
+        commit = p["versions"].get("tl-serve commit", "?")
+        rows.append(
+            f"- {name}: {p['date']} to {p['finished']} (UTC), tl-serve at {commit}{other_cpu}"
+        )
+    versions = {k: v for k, v in first["versions"].items() if k != "tl-serve commit"}
+    rows.append("- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
     return rows
 
 
