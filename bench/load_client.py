@@ -17,7 +17,6 @@ from bench.load_sse import DONE, SSEDecoder, read_chunk
 from bench.load_stats import RequestRecord
 
 JSON = {"Content-Type": "application/json"}
-STALE_RETRIES = 4
 
 
 async def send_one(
@@ -29,24 +28,23 @@ async def send_one(
 ) -> RequestRecord:
     """One streamed request, never raising: a failure is recorded by status or kind.
 
-    A connection the server closed while it sat idle in the pool (llama-server closes each one
-    after a streamed response, a race with its reuse) fails before any answer: the request is
-    sent again, as HTTP clients do, up to STALE_RETRIES times (the pool may hold several such
-    connections), its time counted from the first try.
+    A pooled connection the server has just closed (llama-server closes each one after a
+    streamed answer, a race with its reuse) fails before any answer: the request is sent once
+    more, as HTTP clients do, on a new connection of its own (the pool's others may be closing
+    too), its time counted from the first try.
     """
     record = RequestRecord()
     t0 = time.perf_counter()
     budget = min(timeout_s, deadline - t0)
     try:
         async with asyncio.timeout(budget):
-            for attempt in range(STALE_RETRIES + 1):
-                try:
-                    await _stream(session, url, body, record, t0)
-                    break
-                except aiohttp.ClientConnectionError:
-                    # once the answer has begun, or after the last retry, it is a real failure
-                    if record.end or record.token_times or attempt == STALE_RETRIES:
-                        raise
+            try:
+                await _stream(session, url, body, record, t0)
+            except aiohttp.ClientConnectionError:
+                if record.end or record.token_times:  # the answer had begun: a real failure
+                    raise
+                async with aiohttp.ClientSession() as fresh:
+                    await _stream(fresh, url, body, record, t0)
     except TimeoutError:
         record.failure = "deadline" if budget < timeout_s else "timeout"
     except aiohttp.ClientError as exc:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import time
 
 import aiohttp
 
-from bench.load_client import send_one
+from bench.load_client import Progress, run_level, send_one
 
 SSE = (
     b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
@@ -48,3 +49,26 @@ async def sequential_requests(n: int) -> list[str | None]:
 
 def test_a_connection_closed_after_each_answer_does_not_fail_the_next_request() -> None:
     assert asyncio.run(sequential_requests(6)) == [None] * 6
+
+
+async def concurrent_level(concurrency: int, n: int) -> list[str | None]:
+    server = await asyncio.start_server(one_answer_then_close, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        run = await run_level(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            [{"stream": True}] * n,
+            concurrency=concurrency,
+            request_rate=None,
+            max_concurrency=None,
+            max_seconds=30.0,
+            timeout_s=10.0,
+            seed=0,
+            progress=Progress("test", n, out=io.StringIO()),
+        )
+    return [r.failure for r in run.records]
+
+
+def test_many_streams_whose_connections_all_close_at_once_still_complete() -> None:
+    # a whole wave of answers ends together: every pooled connection is closing at once
+    assert asyncio.run(concurrent_level(16, 96)) == [None] * 96
