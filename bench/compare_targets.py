@@ -23,13 +23,32 @@ KQUANT_AND_LARGE = Target({1: 1.2, 16: 2.0}, ())
 TARGETS = {
     "bundled": Target({1: 1.5, 16: 3.0, 64: 3.0}, (4, 16, 64)),
     "Q4_K_M": KQUANT_AND_LARGE,
-    "1.7B": KQUANT_AND_LARGE,
-    "1.7B-Q4_K_M": KQUANT_AND_LARGE,
+    "1.7B": KQUANT_AND_LARGE,  # and every other file of that shape: 1.7B-Q4_K_M, 1.7B-Q4_1-pure
 }
+
+
+def target_for(key: str) -> Target | None:
+    """The targets of a bench model by its name; the 1.7B shape's hold for each of its files."""
+    return TARGETS.get(key) or TARGETS.get(key.split("-")[0] if key.startswith("1.7B") else "")
 
 
 def _verdict(ok: bool) -> str:
     return "yes" if ok else "**no**"
+
+
+def _ratio(lv: LevelReport, base: LevelReport | None) -> float | None:
+    """tl-serve's output tok/s over another's; None when the other completed nothing."""
+    if base is None or base.output_tokens_per_s <= 0:
+        return None
+    return lv.output_tokens_per_s / base.output_tokens_per_s
+
+
+def _times(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def _p99(ms: float) -> str:
+    return "-" if ms == float("inf") else f"{ms:,.0f}"
 
 
 def ratios(levels: dict[str, dict[int, LevelReport]], key: str) -> list[str]:
@@ -39,7 +58,7 @@ def ratios(levels: dict[str, dict[int, LevelReport]], key: str) -> list[str]:
     others = {k: v for k, v in levels.items() if k != TL and not k.startswith(ANCHOR)}
     if not tl or not anchor:
         return ["(no tl-serve run or no llama-server run to compare)"]
-    target = TARGETS.get(key, Target({}, ()))
+    target = target_for(key) or Target({}, ())
     rows = [
         "| concurrency | tl-serve tok/s | llama-server tok/s | ratio | throughput target "
         "| TTFT p99 tl-serve / llama-server (ms) | TTFT target |"
@@ -50,20 +69,20 @@ def ratios(levels: dict[str, dict[int, LevelReport]], key: str) -> list[str]:
         base = anchor.get(c)
         if base is None:
             continue
-        ratio = lv.output_tokens_per_s / base.output_tokens_per_s
+        ratio = _ratio(lv, base)
         want = target.throughput.get(c)
-        tput = "-" if want is None else f"{_verdict(ratio >= want)} (>= {want:g}x)"
+        if want is None:
+            tput = "-"
+        else:
+            tput = f"{_verdict(ratio is not None and ratio >= want)} (>= {want:g}x)"
         tl_p99 = lv.ttft_ms.p99 if lv.ttft_ms else float("inf")
         base_p99 = base.ttft_ms.p99 if base.ttft_ms else float("inf")
         ttft = _verdict(tl_p99 < base_p99) + " (below)" if c in target.ttft_below_at else "-"
-        extra = "".join(
-            f" {lv.output_tokens_per_s / o[c].output_tokens_per_s:.2f}x |" if c in o else " - |"
-            for o in others.values()
-        )
+        extra = "".join(f" {_times(_ratio(lv, o.get(c)))} |" for o in others.values())
         rows.append(
             f"| {c} | {lv.output_tokens_per_s:.1f} | {base.output_tokens_per_s:.1f} | "
-            f"{ratio:.2f}x | {tput} | {tl_p99:,.0f} / {base_p99:,.0f} | {ttft} |{extra}"
+            f"{_times(ratio)} | {tput} | {_p99(tl_p99)} / {_p99(base_p99)} | {ttft} |{extra}"
         )
-    if key not in TARGETS:
+    if target_for(key) is None:
         rows.append(f"\nNo target is set for `{key}`: the ratios are for reference.")
     return rows

@@ -7,7 +7,7 @@ import pytest
 from bench.compare import model_key
 from bench.compare_load import _reseeded
 from bench.compare_report import compose
-from bench.compare_targets import ratios
+from bench.compare_targets import KQUANT_AND_LARGE, ratios, target_for
 from bench.load_stats import Dist, LevelReport
 
 
@@ -78,3 +78,20 @@ def test_a_repeated_level_gets_new_prompts_of_the_same_lengths() -> None:
     assert _reseeded(list(flags), 0) == flags
     assert _reseeded(list(flags), 2) == [*flags[:-1], "2016"]
     assert _reseeded(["--concurrency", "1"], 1) == ["--concurrency", "1"]
+
+
+def test_a_level_where_nothing_completed_has_no_ratio() -> None:
+    empty = LevelReport(
+        concurrency=64, request_rate=None, num_requests=64, sent=64, completed=0, failed=64,
+        failures={"deadline": 64}, duration_s=240.0, requests_per_s=0.0, output_tokens_per_s=0.0,
+        total_input_tokens=0, total_output_tokens=0, ttft_ms=None, tpot_ms=None, itl_ms=None,
+        e2e_ms=None, hit_deadline=True,
+    )  # fmt: skip
+    levels = {"tl-serve": {64: empty}, "llama-server -np 64": {64: empty}}
+    assert row(ratios(levels, "1.7B"), 64) == "| 64 | 0.0 | 0.0 | - | - | - / - | - |"
+
+
+def test_the_large_shape_targets_hold_for_each_of_its_files() -> None:
+    for key in ("1.7B", "1.7B-Q4_K_M", "1.7B-Q4_1-pure"):
+        assert target_for(key) == KQUANT_AND_LARGE
+    assert target_for("360M") is None and target_for("Q8_0") is None
