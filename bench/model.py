@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.llama_bench import llama_bench_lines
 from enginecore.batch import Batch, SeqChunk
 from enginecore.kernels import gemm
 from enginecore.model_runner import ModelRunner
@@ -170,6 +171,7 @@ def main() -> None:
         report(f"decode B={num_seqs}", num_seqs, ours, blas)
     after_prefill(runner, args.repeat)
     llama_cpp_figures(path, args.repeat, args.llama_python)
+    print("\n".join(llama_bench_lines(path, args.repeat)))
 
 
 if __name__ == "__main__":
