@@ -6,12 +6,12 @@ from pathlib import Path
 
 from enginecore.loader import gguf, safetensors
 from enginecore.model import ModelConfig
-from enginecore.weights import Weights
+from enginecore.weights import Numerics, Weights
 
 
-def load(path: Path) -> tuple[ModelConfig, Weights]:
+def load(path: Path, numerics: Numerics) -> tuple[ModelConfig, Weights]:
     if path.is_file() and path.suffix == ".gguf":
-        return gguf.load(path)
+        return gguf.load(path, numerics)
     if path.is_dir():
-        return safetensors.load(path)
+        return safetensors.load(path, numerics)
     raise ValueError(f"model_dir {path} is neither a .gguf file nor a model directory")
