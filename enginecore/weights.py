@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from enginecore.kernels import dot, gemm, ops, panels, threads
+from enginecore.kernels import dequant, dot, gemm, ops, panels, threads
 
 F32 = npt.NDArray[np.float32]
 I32 = npt.NDArray[np.int32]
@@ -175,15 +175,15 @@ class PackedMatrix:
                 x, kind, qmax, self._format(), int(ISA), out, col0, n_rows, parts
             )
         elif x.shape[0] > EXACT_STREAM_MAX_ROWS and gemm.AVAILABLE:
-            panels.f32_gemm(x, self._format(), out, col0, n_rows, parts)
+            dequant.f32_gemm(x, self._format(), out, col0, n_rows, parts)
         else:
             xs = np.empty((x.shape[0], self.shape[1] // self.sub), np.float32)
-            panels.block_sums(x, self.sub, xs)
-            panels.f32_matmul(x, xs, self._format(), out, col0, n_rows, parts)
+            dequant.block_sums(x, self.sub, xs)
+            dequant.f32_matmul(x, xs, self._format(), out, col0, n_rows, parts)
 
     def gather(self, ids: I32, out: F32) -> None:
         """out (n, K) = rows `ids` of W, dequantized (an embedding lookup)."""
-        panels.dequantize_rows(ids, self._format(), out)
+        dequant.dequantize_rows(ids, self._format(), out)
 
 
 @dataclass(slots=True)

@@ -179,10 +179,12 @@ def _part8(b: ir.IRBuilder, w: ir.Value, start: int, n: int) -> ir.Value:
 
 
 def accumulate_groups(
-    b: ir.IRBuilder, em: Emitter, four_bit: bool, w: ir.Value, x: ir.Value, n_groups: ir.Value
-) -> None:
-    """Add the panel rows' integer dot products over n_groups groups to em's accumulators."""
-    group_bytes = 32 if em.int16 else 64
+    b: ir.IRBuilder, rows: list[tuple[Emitter, ir.Value]], four_bit: bool, w: ir.Value,
+    n_groups: ir.Value,
+) -> None:  # fmt: skip
+    """Add the panel rows' integer dot products over n_groups groups from w to each
+    (accumulators, activations) pair of `rows`: one weight load and unpack for all of them."""
+    group_bytes = 32 if rows[0][0].int16 else 64
     x_bytes = 8 if four_bit else 4  # activations per group, in bytes
     with cgutils.for_range(b, n_groups) as loop:
         g = loop.index
@@ -191,7 +193,10 @@ def accumulate_groups(
         if four_bit:
             mask = ir.Constant(vec(I8, group_bytes), [15] * group_bytes)
             shift = ir.Constant(vec(I8, group_bytes), [4] * group_bytes)
-            em.piece(b.and_(wv, mask), load_at(b, x, xo, I32))
-            em.piece(b.lshr(wv, shift), load_at(b, x, b.add(xo, ir.Constant(I64, 4)), I32))
+            low, high = b.and_(wv, mask), b.lshr(wv, shift)
+            for em, x in rows:
+                em.piece(low, load_at(b, x, xo, I32))
+                em.piece(high, load_at(b, x, b.add(xo, ir.Constant(I64, 4)), I32))
         else:
-            em.piece(wv, load_at(b, x, xo, I32))
+            for em, x in rows:
+                em.piece(wv, load_at(b, x, xo, I32))

@@ -1,4 +1,4 @@
-"""Matmuls over quantized weights kept in 16-row panels, and the lookups that dequantize rows.
+"""The panel format of quantized weights, and its integer-mode matmul.
 
 `fmt` is one matrix's panels: (lanes, d, dm, isc, imn, four_bit, off, sub, sps, has_min).
 
@@ -18,23 +18,20 @@ Integer modes: activations quantized per block of 32 to int8 or int16 (scale xa,
 xb per 16), each panel's exact int32 sums per sub-block from kernels/dot.py (or the portable
 loop here), then per output element, in one fixed order, float32 mul then add (no fastmath,
 no FMA contraction): the same bits for any row count, thread split or ISA path. Exact mode
-keeps fp32 activations: few rows stream the panels with lane-parallel fp32 sums, many rows
-dequantize cache-sized tiles for single-threaded sgemm calls (kernels/gemm.py).
+and the embedding lookups: kernels/dequant.py.
 """
 
 import numpy as np
 from numba import njit, prange
 
-from enginecore.kernels import gemm
 from enginecore.kernels.f16 import f16_bits_to_f32
-from enginecore.kernels.simd import panel_row_4, panel_row_8
+from enginecore.kernels.simd import ROWS, panel_row_4, panel_row_8, panel_rows_4, panel_rows_8
 
 LANES = 16  # output rows per panel
-TILE_PANELS = 8  # panels dequantized per sgemm call in exact mode (K x 128 fp32)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _sub_scales(d, dm, isc, imn, p, sps, has_min, j, r):
+def sub_scales(d, dm, isc, imn, p, sps, has_min, j, r):
     # (sc, mn) of sub-block j of row r of panel p
     sc = f16_bits_to_f32(d[p, j // sps, r])
     mn = np.float32(0.0)
@@ -48,11 +45,11 @@ def _sub_scales(d, dm, isc, imn, p, sps, has_min, j, r):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn):
+def panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn):
     # sc, mn (n_sub, 16) float32 of panel p
     for j in range(sc.shape[0]):
         for r in range(LANES):
-            sc[j, r], mn[j, r] = _sub_scales(d, dm, isc, imn, p, sps, has_min, j, r)
+            sc[j, r], mn[j, r] = sub_scales(d, dm, isc, imn, p, sps, has_min, j, r)
 
 
 # Rows quantized on one thread below this many (a parallel region costs more than they do).
@@ -149,13 +146,15 @@ def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
     step = -(-P // parts)
     for part in prange(parts):
         s16 = np.empty(LANES, np.int32)
-        acc = np.empty(LANES, np.float32)
+        acc = np.empty(ROWS * LANES, np.float32)
         sc = np.empty((n_sub, LANES), np.float32)
         mn = np.empty((n_sub, LANES), np.float32)
         for p in range(part * step, min(P, part * step + step)):
             if isa == 0:
-                _panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn)
-            for t in range(n):
+                panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn)
+            t = 0
+            while t < n:
+                rows = ROWS if isa != 0 and t + ROWS <= n else 1
                 if isa == 0:
                     _portable_row(lanes, p, four_bit, off, sub, has_min, sc, mn, xq, xa, xb, t,
                                   s16, acc)  # fmt: skip
@@ -163,12 +162,18 @@ def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
                     args = (isa, lanes, p * panel_bytes, xq, t * K, xa, t * (K // 32), xb,
                             t * (K // 16), d, dm, isc, imn, p * d.shape[1] * LANES,
                             p * isc.shape[1] * LANES, sps, has_min, n_sub, sub, off, acc)  # fmt: skip
-                    if four_bit:
+                    if rows == ROWS and four_bit:
+                        panel_rows_4(*args)
+                    elif rows == ROWS:
+                        panel_rows_8(*args)
+                    elif four_bit:
                         panel_row_4(*args)
                     else:
                         panel_row_8(*args)
-                for r in range(min(LANES, n_rows - p * LANES)):
-                    out[t, col0 + p * LANES + r] = acc[r]
+                for i in range(rows):
+                    for r in range(min(LANES, n_rows - p * LANES)):
+                        out[t + i, col0 + p * LANES + r] = acc[i * LANES + r]
+                t += rows
 
 
 @njit(cache=True, nogil=True)
@@ -180,117 +185,3 @@ def quantize_matmul(x, xq_dtype, qmax, fmt, isa, out, col0, n_rows, parts):
     xb = np.empty((n, K // 16), np.int32)
     quantize_rows(x, qmax, xq, xa, xb)
     int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts)
-
-
-@njit(cache=True, nogil=True)
-def block_sums(x, sub, xs):  # x (n, K) float32 -> xs (n, K // sub) sums per sub-block
-    for t in range(x.shape[0]):
-        for j in range(xs.shape[1]):
-            s = np.float32(0.0)
-            for i in range(sub):
-                s += x[t, j * sub + i]
-            xs[t, j] = s
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def f32_matmul(x, xs, fmt, out, col0, n_rows, parts):
-    # exact mode, few rows: out[t, col0 + row] = sum over sub-blocks of
-    # sc * sum_k (v_k - off) x_k + mn * xs (kernels/simd.py); lanes uint32, one row per lane
-    lanes, d, dm, isc, imn, four_bit, off, sub, sps, has_min = fmt
-    n, K = x.shape
-    P = lanes.shape[0]
-    n_sub = K // sub
-    panel_bytes = lanes.shape[1] * 4
-    unused = np.empty(1, np.int32)
-    step = -(-P // parts)
-    for part in prange(parts):
-        acc = np.empty(LANES, np.float32)
-        for p in range(part * step, min(P, part * step + step)):
-            for t in range(n):
-                args = (1, lanes, p * panel_bytes, x, t * K, xs, t * n_sub, unused, 0, d, dm,
-                        isc, imn, p * d.shape[1] * LANES, p * isc.shape[1] * LANES, sps,
-                        has_min, n_sub, sub, off, acc)  # fmt: skip
-                if four_bit:
-                    panel_row_4(*args)
-                else:
-                    panel_row_8(*args)
-                for r in range(min(LANES, n_rows - p * LANES)):
-                    out[t, col0 + p * LANES + r] = acc[r]
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _weight(v, off, sc, mn, has_min):
-    w = sc * np.float32(np.int64(v) - off)
-    if has_min:
-        w = w + mn
-    return w
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _dequantize_panel(lanes, p, four_bit, off, sub, has_min, sc, mn, tile, c0):
-    # tile[k, c0 + r] = weight k of row r of panel p; lanes uint32 (4 bytes per row)
-    K = tile.shape[0]
-    per_group = 8 if four_bit else 4
-    for g in range(K // per_group):
-        for b in range(4):
-            for r in range(LANES):
-                w = lanes[p, g * LANES + r] >> np.uint32(8 * b)
-                if four_bit:
-                    k = g * 8 + b
-                    tile[k, c0 + r] = _weight(w & np.uint32(15), off, sc[k // sub, r],
-                                              mn[k // sub, r], has_min)  # fmt: skip
-                    tile[k + 4, c0 + r] = _weight((w >> np.uint32(4)) & np.uint32(15), off,
-                                                  sc[(k + 4) // sub, r], mn[(k + 4) // sub, r],
-                                                  has_min)  # fmt: skip
-                else:
-                    k = g * 4 + b
-                    tile[k, c0 + r] = _weight(w & np.uint32(255), off, sc[k // sub, r],
-                                              mn[k // sub, r], has_min)  # fmt: skip
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def f32_gemm(x, fmt, out, col0, n_rows, parts):
-    # exact mode, many rows: each thread dequantizes TILE_PANELS panels at a time into a
-    # (K, 128) fp32 tile and multiplies it by sgemm on its own thread
-    lanes, d, dm, isc, imn, four_bit, off, sub, sps, has_min = fmt
-    K = x.shape[1]
-    P = lanes.shape[0]
-    n_sub = K // sub
-    n_tiles = -(-P // TILE_PANELS)
-    step = -(-n_tiles // parts)
-    for part in prange(parts):
-        tile = np.empty((K, TILE_PANELS * LANES), np.float32)
-        sc = np.empty((n_sub, LANES), np.float32)
-        mn = np.empty((n_sub, LANES), np.float32)
-        for ti in range(part * step, min(n_tiles, part * step + step)):
-            p0 = ti * TILE_PANELS
-            p1 = min(P, p0 + TILE_PANELS)
-            for p in range(p0, p1):
-                _panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn)
-                _dequantize_panel(lanes, p, four_bit, off, sub, has_min, sc, mn, tile,
-                                  (p - p0) * LANES)  # fmt: skip
-            c0 = p0 * LANES
-            cols = min(n_rows, p1 * LANES) - c0
-            gemm.sgemm_serial(x, tile[:, :cols], out[:, col0 + c0 : col0 + c0 + cols], False)
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def dequantize_rows(ids, fmt, out):
-    # out (n, K) float32 = rows ids of the matrix (an embedding lookup); lanes uint32 or
-    # uint16 (4 or 2 bytes per row and group)
-    lanes, d, dm, isc, imn, four_bit, off, sub, sps, has_min = fmt
-    n, K = out.shape
-    il = lanes.itemsize
-    per_group = 2 * il if four_bit else il
-    for t in prange(n):
-        p, r = ids[t] // LANES, ids[t] % LANES
-        for k in range(K):
-            g, rem = k // per_group, k % per_group
-            shift = 8 * rem
-            mask = 255
-            if four_bit:
-                shift = 8 * (rem % il) + 4 * (rem // il)
-                mask = 15
-            v = (np.int64(lanes[p, g * LANES + r]) >> shift) & mask
-            sc, mn = _sub_scales(d, dm, isc, imn, p, sps, has_min, k // sub, r)
-            out[t, k] = _weight(v, off, sc, mn, has_min)

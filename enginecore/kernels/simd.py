@@ -48,44 +48,64 @@ def _scale16(b: ir.IRBuilder, f16s: ir.Value, ints: ir.Value, scaled: ir.Value) 
     return b.load(out)
 
 
-def _emit_row(
-    b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool, r: dict[str, ir.Value]
+def _emit_rows(
+    b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool, rows: int, r: dict[str, ir.Value]
 ) -> None:
-    """out[0:16] = sum over sub-blocks j of xa * (sc * (S - off * B) + mn * B), in that order
-    per lane, float32 mul then add (no fast-math flags, so no FMA contraction)."""
-    em = Emitter(b, isa, int16, four_bit)
-    acc = cgutils.alloca_once_value(b, ir.Constant(vec(F32, 16), None))  # type: ignore[no-untyped-call]
+    """out[16 t : 16 t + 16] for `rows` consecutive activation rows t = sum over sub-blocks j
+    of xa * (sc * (S - off * B) + mn * B), in that order per lane, float32 mul then add (no
+    fast-math flags, so no FMA contraction). The rows share each weight load and scale."""
+    ems = [Emitter(b, isa, int16, four_bit) for _ in range(rows)]
+    zero = ir.Constant(vec(F32, 16), None)
+    accs = [cgutils.alloca_once_value(b, zero) for _ in range(rows)]  # type: ignore[no-untyped-call]
+    elem = 2 if int16 else 1
     group_bytes = 32 if int16 else 64
     per_group = (2 if int16 else 4) * (2 if four_bit else 1)  # k values per group
     gpsub = b.udiv(r["sub"], ir.Constant(I64, per_group))
     bpsub = b.lshr(r["sub"], ir.Constant(I64, 4))  # activation sums per sub-block
     two = b.icmp_unsigned("==", bpsub, ir.Constant(I64, 2))
     scaled = b.icmp_unsigned(">", r["sps"], ir.Constant(I64, 1))
+    k = b.mul(r["n_sub"], r["sub"])  # activation row length
     with cgutils.for_range(b, r["n_sub"]) as loop:
         j = loop.index
-        em.reset()
+        for em in ems:
+            em.reset()
         w = b.gep(r["w"], [b.mul(b.mul(j, gpsub), ir.Constant(I64, group_bytes))])
-        x = b.gep(r["x"], [b.mul(b.mul(j, r["sub"]), ir.Constant(I64, 2 if int16 else 1))])
-        accumulate_groups(b, em, four_bit, w, x, gpsub)
-        xb0 = b.load(b.gep(r["xb"], [b.mul(j, bpsub)]))
-        xb1 = b.load(b.gep(r["xb"], [b.add(b.mul(j, bpsub), ir.Constant(I64, 1))]))
-        bsum = b.select(two, b.add(xb0, xb1), xb0)
-        a = b.load(b.gep(r["xa"], [b.lshr(b.mul(j, r["sub"]), ir.Constant(I64, 5))]))
+        xs = [b.gep(r["x"], [b.mul(b.add(b.mul(k, ir.Constant(I64, t)), b.mul(j, r["sub"])),
+                                   ir.Constant(I64, elem))]) for t in range(rows)]  # fmt: skip
+        accumulate_groups(b, list(zip(ems, xs, strict=True)), four_bit, w, gpsub)
         big_j = b.udiv(j, r["sps"])
         sc = _scale16(b, b.gep(r["d"], [b.mul(big_j, ir.Constant(I64, 16))]),
                       b.gep(r["isc"], [b.mul(j, ir.Constant(I64, 16))]), scaled)  # fmt: skip
-        offb = b.mul(b.trunc(r["off"], I32), bsum)
-        s = b.sub(em.sums(), b.shuffle_vector(
-            b.insert_element(ir.Constant(vec(I32, 16), ir.Undefined), offb, ir.Constant(I32, 0)),
-            ir.Constant(vec(I32, 16), ir.Undefined), ir.Constant(vec(I32, 16), [0] * 16)))  # fmt: skip
-        tmp = cgutils.alloca_once_value(b, b.fmul(sc, b.sitofp(s, vec(F32, 16))))  # type: ignore[no-untyped-call]
+        mn = cgutils.alloca_once_value(b, zero)  # type: ignore[no-untyped-call]
         with b.if_then(r["has_min"]):
-            mn = _scale16(b, b.gep(r["dm"], [b.mul(big_j, ir.Constant(I64, 16))]),
-                          b.gep(r["imn"], [b.mul(j, ir.Constant(I64, 16))]), scaled)  # fmt: skip
-            fb = _splat_f(b, b.sitofp(bsum, F32))
-            b.store(b.fadd(b.load(tmp), b.fmul(mn, fb)), tmp)
-        b.store(b.fadd(b.load(acc), b.fmul(_splat_f(b, a), b.load(tmp))), acc)
-    b.store(b.load(acc), b.bitcast(r["out"], vec(F32, 16).as_pointer()), align=4)
+            b.store(_scale16(b, b.gep(r["dm"], [b.mul(big_j, ir.Constant(I64, 16))]),
+                             b.gep(r["imn"], [b.mul(j, ir.Constant(I64, 16))]), scaled), mn)  # fmt: skip
+        for t, (em, acc) in enumerate(zip(ems, accs, strict=True)):
+            xb_t = b.add(
+                b.mul(b.lshr(k, ir.Constant(I64, 4)), ir.Constant(I64, t)), b.mul(j, bpsub)
+            )
+            xb0 = b.load(b.gep(r["xb"], [xb_t]))
+            xb1 = b.load(b.gep(r["xb"], [b.add(xb_t, ir.Constant(I64, 1))]))
+            bsum = b.select(two, b.add(xb0, xb1), xb0)
+            xa_t = b.add(b.mul(b.lshr(k, ir.Constant(I64, 5)), ir.Constant(I64, t)),
+                         b.lshr(b.mul(j, r["sub"]), ir.Constant(I64, 5)))  # fmt: skip
+            a = b.load(b.gep(r["xa"], [xa_t]))
+            offb = _splat_i(b, b.mul(b.trunc(r["off"], I32), bsum))
+            tmp = cgutils.alloca_once_value(
+                b, b.fmul(sc, b.sitofp(b.sub(em.sums(), offb), vec(F32, 16)))
+            )  # type: ignore[no-untyped-call]
+            with b.if_then(r["has_min"]):
+                fb = _splat_f(b, b.sitofp(bsum, F32))
+                b.store(b.fadd(b.load(tmp), b.fmul(b.load(mn), fb)), tmp)
+            b.store(b.fadd(b.load(acc), b.fmul(_splat_f(b, a), b.load(tmp))), acc)
+    for t, acc in enumerate(accs):
+        out = b.gep(b.bitcast(r["out"], vec(F32, 16).as_pointer()), [ir.Constant(I64, t)])
+        b.store(b.load(acc), out, align=4)
+
+
+def _splat_i(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    u = b.insert_element(ir.Constant(vec(I32, 16), ir.Undefined), v, ir.Constant(I32, 0))
+    return b.shuffle_vector(u, u, ir.Constant(vec(I32, 16), [0] * 16))
 
 
 def _emit_exact_row(b: ir.IRBuilder, four_bit: bool, r: dict[str, ir.Value]) -> None:
@@ -135,7 +155,7 @@ def _data(context: Any, builder: ir.IRBuilder, ty: types.Array, value: ir.Value)
     return builder.bitcast(context.make_array(ty)(context, builder, value).data, I8.as_pointer())
 
 
-def _panel_row(four_bit: bool) -> Any:
+def _panel_row(four_bit: bool, rows: int) -> Any:
     def typer(typingctx: Any, isa: Any, lanes: Any, w_off: Any, xq: Any, x_off: Any, xa: Any,
               xa_off: Any, xb: Any, xb_off: Any, d: Any, dm: Any, isc: Any, imn: Any,
               s_off: Any, sub_off: Any, sps: Any, has_min: Any, n_sub: Any, sub: Any, off: Any,
@@ -182,7 +202,7 @@ def _panel_row(four_bit: bool) -> Any:
             for path in supported()[1:]:  # only what this host runs is ever emitted
                 hit = builder.icmp_signed("==", isa64, ir.Constant(I64, int(path)))
                 with builder.if_then(hit):
-                    _emit_row(builder, path, int16, four_bit, row)
+                    _emit_rows(builder, path, int16, four_bit, rows, row)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -197,5 +217,9 @@ def _panel_row(four_bit: bool) -> Any:
 # from x_off // 32, its sums xb from x_off // 16); isa is an Isa other than PORTABLE that
 # this host supports (any other value leaves out untouched). With float32 xq (exact mode),
 # xa holds the row's sums per sub-block, xb and isa are unused.
-panel_row_4 = _panel_row(True)
-panel_row_8 = _panel_row(False)
+panel_row_4 = _panel_row(True, 1)
+panel_row_8 = _panel_row(False, 1)
+# the same for ROWS consecutive activation rows (x_off the first's; out[16 t:] for row t)
+ROWS = 4
+panel_rows_4 = _panel_row(True, ROWS)
+panel_rows_8 = _panel_row(False, ROWS)
