@@ -8,13 +8,15 @@ Prints, on the bundled model:
      prefix cache on and off;
   3. single-stream tokens/s with prompt lookup on and off (best of 3 runs each), on a task
      that repeats its input and on one that does not;
-  4. what grammars cost: 64 concurrent `json_object` requests beside the same 64 requests
+  4. llama.cpp's `llama-batched-bench` on the same GGUF and load (B = the levels, prompts of
+     --prompt-len tokens, --out-tokens generated), when `python -m bench.llamacpp build` ran;
+  5. what grammars cost: 64 concurrent `json_object` requests beside the same 64 requests
      unconstrained, each made as long as its constrained twin (so both runs batch alike).
 
-    python -m bench.engine [--levels 1,4,16,64] [--only throughput,grammar,prefix,lookup]
-                           [--out bench/out/engine.json]
+    python -m bench.engine [--levels 1,4,16,64] [--prompt-len 32]
+                           [--only throughput,llama,grammar,prefix,lookup] [--out bench/out/engine.json]
 
-`--only` runs some of the sections (1 and 4 share one core process).
+`--only` runs some of the sections (1 and 5 share one core process).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from bench.llama_bench import batched_bench_lines
 from frontend.text.chat_template import ChatTemplate
 from shared.config import BUNDLED_MODEL, EngineConfig
 from shared.grammar import json_object_grammar
@@ -53,7 +56,7 @@ from shared.tokenizer import Tokenizer
 from shared.tokenizer_metadata import read_tokenizer_metadata
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPT_LEN = 32  # tokens per request of the throughput levels
+PROMPT_LEN = 32  # tokens per request of the throughput levels (default of --prompt-len)
 REPEAT_RUNS = 3  # of the prompt-lookup task, per setting
 STEP_TOKENS = EngineConfig().max_num_batched_tokens  # the core's per-step token budget
 PARAGRAPH = (
@@ -188,12 +191,14 @@ def random_prompts(n: int, length: int, seed: int) -> list[list[int]]:
     return [rng.integers(100, 40000, length).tolist() for _ in range(n)]
 
 
-def throughput(levels: list[int], out_tokens: int, grammar: bool) -> dict[str, object]:
-    """Sections 1 (if levels) and 4 (if grammar), on one core process."""
+def throughput(
+    levels: list[int], prompt_len: int, out_tokens: int, grammar: bool
+) -> dict[str, object]:
+    """Sections 1 (if levels) and 5 (if grammar), on one core process."""
     result: dict[str, object] = {}
     with Core() as core:
         if levels:
-            result["throughput"] = _throughput(core, levels, out_tokens)
+            result["throughput"] = _throughput(core, levels, prompt_len, out_tokens)
         if grammar:
             result["json_object"] = grammar_overhead(core, 64, out_tokens)
     return result
@@ -259,16 +264,18 @@ def grammar_overhead(core: Core, concurrency: int, out_tokens: int) -> dict[str,
     return row
 
 
-def _throughput(core: Core, levels: list[int], out_tokens: int) -> list[dict[str, float]]:
+def _throughput(
+    core: Core, levels: list[int], prompt_len: int, out_tokens: int
+) -> list[dict[str, float]]:
     params = SamplingParams(max_tokens=out_tokens, temperature=0.0, ignore_eos=True)
     core.run(random_prompts(2, 32, 99), params)  # warm
     rows = []
     for c in levels:
         t0 = time.perf_counter()
-        r = core.run(random_prompts(c, PROMPT_LEN, c), params)
+        r = core.run(random_prompts(c, prompt_len, c), params)
         wall = time.perf_counter() - t0
         tok_s = sum(r["tokens"]) / wall
-        blas = blas_run_tokens_per_s(c, PROMPT_LEN, out_tokens)
+        blas = blas_run_tokens_per_s(c, prompt_len, out_tokens)
         rows.append({"concurrency": c, "tokens_per_s": tok_s, "ttft_p50_s": statistics.median(r["ttft"]),
                      "blas_matmul_tokens_per_s": blas, "ratio_to_blas": tok_s / blas})  # fmt: skip
         print(f"  {c:3d} concurrent: {tok_s:7.1f} tok/s   TTFT p50 {rows[-1]['ttft_p50_s'] * 1000:7.0f} ms   "
@@ -324,7 +331,7 @@ def prompt_lookup() -> dict[str, dict[str, float]]:
     return lookup
 
 
-SECTIONS = ("throughput", "grammar", "prefix", "lookup")
+SECTIONS = ("throughput", "llama", "grammar", "prefix", "lookup")
 
 
 def main() -> None:
@@ -332,6 +339,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--levels", default="1,4,16,64")
+    parser.add_argument("--prompt-len", type=int, default=PROMPT_LEN, help="tokens per prompt")
     parser.add_argument("--out-tokens", type=int, default=128)
     parser.add_argument("--only", default=",".join(SECTIONS), help="sections to run")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "engine.json")
@@ -339,11 +347,21 @@ def main() -> None:
     only = set(args.only.split(","))
     if only - set(SECTIONS):
         parser.error(f"--only: sections are {', '.join(SECTIONS)}")
-    levels = [int(x) for x in args.levels.split(",")] if "throughput" in only else []
-    print(f"engine core over the protocol, {args.out_tokens} output tokens per request, greedy")
+    levels = [int(x) for x in args.levels.split(",")]
+    print(
+        f"engine core over the protocol, {args.prompt_len}-token prompts, {args.out_tokens} output "
+        "tokens per request, greedy"
+    )
     result: dict[str, object] = {}
-    if levels or "grammar" in only:
-        result.update(throughput(levels, args.out_tokens, "grammar" in only))
+    if "throughput" in only or "grammar" in only:
+        ours = levels if "throughput" in only else []
+        result.update(throughput(ours, args.prompt_len, args.out_tokens, "grammar" in only))
+    if "llama" in only:
+        twin = batched_bench_lines(
+            Path(BUNDLED_MODEL).expanduser(), args.prompt_len, args.out_tokens, levels
+        )
+        print("\n".join(twin))
+        result["llama_batched_bench"] = twin
     if "prefix" in only:
         on, off = prefix_ttft("radix"), prefix_ttft("none")
         print(f"  TTFT with a shared 1,000-token prefix: cache on {on * 1000:.0f} ms, "
