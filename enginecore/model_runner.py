@@ -6,6 +6,8 @@ import logging
 import time
 from pathlib import Path
 
+import numpy as np
+
 from enginecore import loader
 from enginecore.batch import Batch, SeqChunk
 from enginecore.model import BLAS_ATTENTION_MIN_ROWS, KVCache, ModelConfig, forward, rope_tables
@@ -52,6 +54,12 @@ class ModelRunner:
             batch.token_ids, batch.positions, batch.seq_of_token,
             batch.block_tables, batch.slot_mapping, batch.sample_rows, return_hidden,
         )  # fmt: skip
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks, every layer: (source, destination) block ids."""
+        src, dst = (np.asarray(ids, np.intp) for ids in zip(*pairs, strict=True))
+        self.cache.k[:, dst] = self.cache.k[:, src]
+        self.cache.v[:, dst] = self.cache.v[:, src]
 
     def hidden_states(self, token_ids: list[int], block_table: list[int]) -> F32:
         """Final-normed hidden states (n, d) of every token of one sequence, from position 0."""
