@@ -348,13 +348,15 @@ class Scheduler:
                 self.spec_proposed_total += len(drafts)
                 self.spec_accepted_total += len(new) - 1
                 record_verification(req, len(drafts), len(new) - 1, self.proposer.num_tokens)
-            if new and i in riders:
-                self._seat_riders(req, riders[i], events)
+            # riders fork before choice 0 may finish, but are told after it: its first event,
+            # which holds the prompt logprobs, comes before any other choice's
+            seated = self._seat_riders(req, riders[i]) if new and i in riders else []
             if new and req.params.max_tokens == 0:  # a prompt to score, nothing to generate
                 self.finish(req.rid, RequestStatus.FINISHED_LENGTH)
                 events[req.client].append(self._event(req, [], FinishReason.LENGTH))
-                continue
-            self._append(req, new, out.logprobs, full_before, events)
+            else:
+                self._append(req, new, out.logprobs, full_before, events)
+            events[req.client] += seated
         return events
 
     def _append(
@@ -384,19 +386,25 @@ class Scheduler:
             events[req.client].append(self._event(req, new[:emitted], finish, logprobs))
 
     def _seat_riders(
-        self, leader: Request, riders: list[tuple[Request, Sampled]], events: Events
-    ) -> None:
+        self, leader: Request, riders: list[tuple[Request, Sampled]]
+    ) -> list[TokenEvent]:
         """Choice 0's prompt is computed: the choices that rode its last row take their first
-        token and fork its table (a rider the pool cannot hold waits as if preempted)."""
+        token and fork its table (a rider the pool cannot hold waits as if preempted); their
+        events are returned."""
         num_prompt = len(leader.prompt_ids)
         self.blocks.cache_full_blocks(leader.rid, leader.prompt_ids)  # shared, not copied
         now = self.clock()
+        seated: Events = defaultdict(list)
         for rider, out in riders:
             if self.waiting.get(rider.rid) is not rider or out.failed:
                 continue  # gone meanwhile, or its sampling failed: it is admitted later
             del self.waiting[rider.rid]
             rider.scheduled_at = now
             self.admitted_total += 1
+            if rider.params.max_tokens == 0:  # scored with choice 0, nothing to generate
+                self.finish(rider.rid, RequestStatus.FINISHED_LENGTH)
+                seated[rider.client].append(self._event(rider, [], FinishReason.LENGTH))
+                continue
             copies = self.blocks.fork(leader.rid, rider.rid, num_prompt)
             if copies is None:
                 rider.status = RequestStatus.PREEMPTED
@@ -407,9 +415,9 @@ class Scheduler:
                 rider.num_computed = num_prompt
                 rider.status = RequestStatus.RUNNING
                 self.running[rider.rid] = rider
-            self._append(
-                rider, out.token_ids, out.logprobs, num_prompt // self.blocks.block_size, events
-            )
+            full = num_prompt // self.blocks.block_size
+            self._append(rider, out.token_ids, out.logprobs, full, seated)
+        return seated[leader.client]
 
     def take_copies(self) -> list[tuple[int, int]]:
         """The (source, destination) KV block copies forks took since the last call."""

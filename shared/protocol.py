@@ -142,8 +142,9 @@ class TokenEvent(msgspec.Struct, array_like=True, gc=False):
     num_cached_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
     index: int = 0  # the choice, 0 .. n - 1
-    # the choice's first event only: logprobs of prompt tokens 1.. (if asked for), and the
-    # seconds the request waited in the queue and then spent in its prefill
+    # the choice's first event only: the seconds the request waited in the queue and then spent
+    # in its prefill; and choice 0's, which comes before any other choice's first event: the
+    # logprobs of prompt tokens 1.. (if asked for)
     prompt_logprobs: list[TokenLogprob] | None = None
     queue_s: float = 0.0
     prefill_s: float = 0.0

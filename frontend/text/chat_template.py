@@ -125,6 +125,7 @@ class ChatTemplate:
     def __init__(
         self, source: str, bos_token: str, eos_token: str, fuel: int = DEFAULT_FUEL
     ) -> None:
+        self.source = source
         # transformers renders with trim_blocks, lstrip_blocks and no trailing newline
         self._env = minijinja.Environment(
             trim_blocks=True,
@@ -179,11 +180,17 @@ class ChatTemplate:
         messages: Sequence[Mapping[str, object]],
         add_generation_prompt: bool,
         tools: Sequence[Mapping[str, object]] | None = None,
+        extra: Mapping[str, object] | None = None,
     ) -> str:
-        """The prompt text of a conversation, ending with the assistant's opening if asked."""
+        """The prompt text of a conversation, ending with the assistant's opening if asked;
+        `extra` are more variables for the template (a request's chat_template_kwargs)."""
         try:
             rendered: str = self._env.render_template(
-                _NAME, messages=messages, add_generation_prompt=add_generation_prompt, tools=tools
+                _NAME,
+                **(extra or {}),
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                tools=tools,
             )
         except minijinja.TemplateError as e:
             raise TemplateRenderError(f"chat template failed: {e.message}") from e

@@ -36,7 +36,7 @@ async def test_stream_disconnect_aborts_in_the_core(tiny: TinyModels) -> None:
         session = aiohttp.ClientSession()
         resp = await session.post(s.api + CHAT, json=chat(max_tokens=500, stream=True))
         first = await resp.content.readuntil(b"\n\n")
-        rid = sse_data(first.decode())[0]["id"]
+        rid = sse_data(first.decode())[0]["id"].removeprefix("chatcmpl-")
         await resp.content.readuntil(b"\n\n")
         resp.close()  # the client goes away mid-stream
         await session.close()
@@ -79,6 +79,7 @@ async def test_drain_finishes_in_flight_and_refuses_new(tiny: TinyModels) -> Non
         async with kept.post(s.api + CHAT, json=chat(max_tokens=2)) as r:
             assert r.status == 503
             assert (await r.json())["error"]["code"] == "shutting_down"
+            assert r.headers["Retry-After"] == "1"  # another replica may serve it
         assert not drain.done()  # the stream is still in flight
         events = sse_data(await stream.text())
         assert events[-1] == "[DONE]"
