@@ -215,6 +215,8 @@ class Engine:
             > self.blocks.num_blocks
         ):
             return RejectReason.NO_CAPACITY, "the KV cache is too small for this request"
+        if msg.n > self.scheduler.cfg.queue_capacity:
+            return RejectReason.INVALID, "n is more than the admission queue holds"
         if self.scheduler.queue_full(msg.n):
             return RejectReason.QUEUE_FULL, "the admission queue is full"
         return None

@@ -167,9 +167,8 @@ BAD: list[tuple[str, str, Any, dict[str, str], int, str, str | None]] = [
      "context_length_exceeded", "prompt"),
     ("POST", CHAT, HAND, {"X-TL-Priority": "high"}, 400, "invalid_value", "X-TL-Priority"),
     ("POST", CHAT, HAND, {"X-TL-Priority": "101"}, 400, "invalid_value", "X-TL-Priority"),
-    ("POST", CHAT, chat(n=2), {}, 422, "unsupported_parameter", "n"),
-    ("POST", COMPLETIONS, {"model": "succ", "prompt": "a", "echo": True}, {}, 422,
-     "unsupported_parameter", "echo"),
+    ("POST", CHAT, chat(n=129), {}, 400, "invalid_value", "n"),
+    ("POST", CHAT, chat(echo=True), {}, 422, "unsupported_parameter", "echo"),
     ("POST", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url",
      "image_url": {"url": "x"}}]}]), {}, 422, "unsupported_parameter", "messages[0].content"),
     ("POST", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), {}, 422,
@@ -199,9 +198,11 @@ async def test_errors_use_the_openai_shape(succ: LiveServer) -> None:
         if reply.status != status or got != want or not reply.headers.get("X-Request-Id"):
             wrong.append((method, path, str(body)[:60], headers, reply.status, got))
     assert not wrong, "\n".join(map(str, wrong))
-    # unknown fields are ignored; n = 1 is served
-    doc = (await post(succ.api + CHAT, chat(frobnicate=1, user="u", n=1))).doc
-    assert doc["choices"][0]["message"]["content"] == "bcd"
+    # unknown fields are ignored; n choices and echo are served
+    doc = (await post(succ.api + CHAT, chat(frobnicate=1, user="u", n=2))).doc
+    assert [c["message"]["content"] for c in doc["choices"]] == ["bcd", "bcd"]
+    body = {"model": "succ", "prompt": "a", "echo": True, "max_tokens": 2}
+    assert (await post(succ.api + COMPLETIONS, body)).doc["choices"][0]["text"] == "abc"
 
 
 async def test_completions_endpoint_and_usage(succ: LiveServer) -> None:
@@ -253,7 +254,8 @@ async def test_tokenize_models_health_and_request_id(succ: LiveServer) -> None:
     models = (await request("GET", succ.api + "/v1/models")).doc
     assert models["object"] == "list"
     [entry] = models["data"]
-    assert set(entry) == {"id", "object", "created", "owned_by"}
+    assert set(entry) == {"id", "object", "created", "owned_by", "max_model_len"}
+    assert entry["max_model_len"] == 1024
     assert (entry["id"], entry["object"]) == ("succ", "model")
     assert isinstance(entry["created"], int) and entry["owned_by"]
     assert (await request("GET", succ.api + "/v1/models/succ")).doc == entry

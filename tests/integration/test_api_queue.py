@@ -1,11 +1,15 @@
 """A request that waits in the core's queue, seen by the official `openai` client and a raw
 socket: its stream's headers and pings come once the core has queued it, its tokens later; a
-full queue is still an HTTP 429; Retry-After on 429 and 503 no_capacity."""
+full queue is still an HTTP 429; Retry-After on 429 and 503 no_capacity.
+
+The wait is HOG_TOKENS engine steps of STEP_MS (2.4 s); TL_TEST_HOG_TOKENS=500 makes it 20 s.
+With -s, the waiting stream's timeline is printed."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.conformance]
 
 USER: list[Any] = [{"role": "user", "content": "a"}]
 STEP_MS = 40
-HOG_TOKENS = 60  # ~2.4 s of the only sequence slot
+HOG_TOKENS = int(os.environ.get("TL_TEST_HOG_TOKENS", "60"))  # steps holding the only slot
 PING_S = 0.2
 
 
@@ -58,9 +62,10 @@ async def hog(server: LiveServer) -> float:
 
 
 async def timeline(server: LiveServer) -> list[tuple[float, str]]:
-    """(time, what) of a waiting stream: `headers`, `ping`, `chunk` (no text), `text`, `done`."""
+    """(time, what) of a waiting stream: `sent`, `headers`, `ping`, `chunk` (no text), `text`,
+    `done`."""
     body = {"model": "succ", "messages": USER, "max_tokens": 3, "stream": True}
-    out: list[tuple[float, str]] = []
+    out: list[tuple[float, str]] = [(time.monotonic(), "sent")]
     async with (
         aiohttp.ClientSession() as session,
         session.post(server.api + "/v1/chat/completions", json=body) as resp,
@@ -95,10 +100,15 @@ async def test_a_waiting_stream_gets_headers_and_pings_before_its_tokens(
     assert 1 <= int(refused.value.response.headers["Retry-After"]) <= 60
     freed = await hogging
     events = await waiting
+    start = events[0][0]
+    print(  # the figures behind the assertions, with -s
+        f"\nqueued stream, seconds after it was sent: slot freed {freed - start:.2f}, "
+        + ", ".join(f"{kind} {t - start:.2f}" for t, kind in events[1:])
+    )
     kinds = [kind for _, kind in events]
-    assert kinds[0] == "headers" and kinds[-1] == "done"
+    assert kinds[:2] == ["sent", "headers"] and kinds[-1] == "done"
     first_text = next(t for t, kind in events if kind == "text")
-    headers_at = events[0][0]
+    headers_at = events[1][0]
     # the headers (and the role chunk) came while the hog still held the slot; pings kept the
     # stream alive until its tokens, which came only once the slot was free
     assert headers_at < freed < first_text

@@ -154,14 +154,17 @@ def test_admission_is_acknowledged_and_refusals_say_when_to_retry(
 ) -> None:
     core = make_core(tiny.gguf_quant, monkeypatch)
     core.send(Submit("ok", PROMPT, greedy(2)))
-    core.send(Submit("too_many", PROMPT, greedy(2), n=17))  # the queue holds 16
+    core.send(Submit("busy", PROMPT, greedy(2), n=15))  # the queue holds 16
+    core.send(Submit("too_many", PROMPT, greedy(2), n=2))
+    core.send(Submit("never", PROMPT, greedy(2), n=17))  # could never be queued
     core.tick()
     sent = [m for _, m in core.channel.sent if isinstance(m, Accepted | Rejected)]
-    assert [type(m) for m in sent] == [Accepted, Rejected]
-    assert sent[0] == Accepted("ok")
-    refusal = sent[1]
+    assert [type(m) for m in sent] == [Accepted, Accepted, Rejected, Rejected]
+    assert sent[:2] == [Accepted("ok"), Accepted("busy")]
+    refusal, never = sent[2:]
     assert isinstance(refusal, Rejected) and refusal.reason is RejectReason.QUEUE_FULL
     assert 1 <= refusal.retry_after_s <= 60
+    assert isinstance(never, Rejected) and never.reason is RejectReason.INVALID
     core.send(ShutdownCore())
     core.send(Submit("late", PROMPT, greedy(2)))
     core.tick()
