@@ -207,7 +207,7 @@ class Converter:
             return template.render(
                 template_messages(messages, keep_developer),
                 add_generation_prompt=add_generation_prompt,
-                extra=template_kwargs,
+                variables=template_kwargs,
             )
         except TemplateRenderError as e:
             raise invalid("messages", e.message) from e

@@ -36,8 +36,14 @@ class ServedModel:
         """Read the model's metadata: tokenizer and chat template (`chat_template` if given, a
         file or the template itself; else the model's own; else DEFAULT_TEMPLATE)."""
         metadata = read_tokenizer_metadata(path)
-        source = template_source(chat_template) or metadata.chat_template or DEFAULT_TEMPLATE
-        template = ChatTemplate(source, metadata.bos_token, metadata.eos_token)
+        override = template_source(chat_template)
+        template = ChatTemplate(
+            override or metadata.chat_template or DEFAULT_TEMPLATE,
+            metadata.bos_token,
+            metadata.eos_token,
+            # an override is the whole template: the model's tool_use one goes with the model's
+            tool_use_source=None if override else metadata.tool_use_template,
+        )
         return cls(model_ids, Tokenizer(metadata), template)
 
     def check(self, requested: str) -> None:
