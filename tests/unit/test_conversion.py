@@ -21,6 +21,7 @@ from shared.errors import ErrorCode, ServingError
 from shared.protocol import SamplingParams, Welcome
 from tests.conftest import TinyModels
 from tests.fixtures.tiny_model import EOS
+from tests.fixtures.vocab_gguf import write_vocab_gguf
 
 WELCOME = Welcome("succ", max_model_len=32, vocab_size=260, eos_ids=[EOS], block_size=4, core_pid=1)
 
@@ -215,3 +216,13 @@ async def test_a_chat_template_from_the_config(tiny: TinyModels, tmp_path: Path)
         assert job.prompts[0].text == text
     with pytest.raises(FileNotFoundError):
         ServedModel.load(tiny.succ, "succ", str(tmp_path / "missing.jinja"))
+
+
+def test_a_configured_template_replaces_the_models_tool_use_one_too(tmp_path: Path) -> None:
+    templates = {"tokenizer.chat_template": "D", "tokenizer.chat_template.tool_use": "T"}
+    path = write_vocab_gguf(tmp_path / "t.gguf", "gpt2", ["a"], [1], merges=[], **templates)
+    tools: list[dict[str, object]] = [{"type": "function", "function": {"name": "f"}}]
+    own = ServedModel.load(path, "m").template
+    assert (own.render([], True), own.render([], True, tools=tools)) == ("D", "T")
+    configured = ServedModel.load(path, "m", "{{ 'O' }}").template
+    assert (configured.render([], True), configured.render([], True, tools=tools)) == ("O", "O")
