@@ -208,18 +208,19 @@ async def test_vllm_prompt_logprobs(client: openai.AsyncOpenAI, tiny: TinyModels
     assert refused.value.param == "prompt_logprobs"
 
 
-async def test_logit_bias_and_special_tokens(client: openai.AsyncOpenAI) -> None:
-    plain = (await chat_texts(client, False, max_tokens=4, temperature=0))[0]
-    forced = await chat_texts(client, False, max_tokens=4, temperature=0, logit_bias={"65": 100})
+@pytest.mark.parametrize("stream", [False, True])
+async def test_logit_bias_and_special_tokens(client: openai.AsyncOpenAI, stream: bool) -> None:
+    plain = (await chat_texts(client, stream, max_tokens=4, temperature=0))[0]
+    forced = await chat_texts(client, stream, max_tokens=4, temperature=0, logit_bias={"65": 100})
     assert forced[0] == "AAAA" != plain
     # a special token, forced: left out of the text unless skip_special_tokens is false
     im_start = {"257": 100}
-    assert (await chat_texts(client, False, max_tokens=2, temperature=0, logit_bias=im_start))[
+    assert (await chat_texts(client, stream, max_tokens=2, temperature=0, logit_bias=im_start))[
         0
     ] == ""
     kept = await chat_texts(
         client,
-        False,
+        stream,
         max_tokens=2,
         temperature=0,
         logit_bias=im_start,
@@ -227,17 +228,25 @@ async def test_logit_bias_and_special_tokens(client: openai.AsyncOpenAI) -> None
     )
     assert kept[0] == "<|im_start|><|im_start|>"
     with pytest.raises(openai.BadRequestError) as refused:
-        await chat_texts(client, False, max_tokens=2, logit_bias={"100000": 1})
+        await chat_texts(client, stream, max_tokens=2, logit_bias={"100000": 1})
     assert refused.value.param == "logit_bias"
 
 
-async def test_cache_salts_and_cached_tokens(client: openai.AsyncOpenAI) -> None:
-    prompt = "x" * 64 + " and then something else entirely, to be cached"
+@pytest.mark.parametrize("stream", [False, True])
+async def test_cache_salts_and_cached_tokens(client: openai.AsyncOpenAI, stream: bool) -> None:
+    # stream or not, a prompt of its own from the first block on
+    prompt = f"{stream:d}" + "x" * 64 + " and then something else entirely, to be cached"
+    usage: dict[str, Any] = {"stream_options": {"include_usage": True}} if stream else {}
 
     async def cached(**kw: Any) -> int:
-        reply = await client.completions.create(model="tiny", prompt=prompt, max_tokens=1, **kw)
-        assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
-        return reply.usage.prompt_tokens_details.cached_tokens or 0
+        body: dict[str, Any] = {"model": "tiny", "prompt": prompt, "max_tokens": 1} | usage | kw
+        if stream:
+            chunks = [c async for c in await client.completions.create(stream=True, **body)]
+            reply_usage = chunks[-1].usage
+        else:
+            reply_usage = (await client.completions.create(**body)).usage
+        assert reply_usage is not None and reply_usage.prompt_tokens_details is not None
+        return reply_usage.prompt_tokens_details.cached_tokens or 0
 
     assert await cached() == 0  # there, and 0, when nothing was cached
     assert await cached() == 96  # three whole blocks of 32
