@@ -14,7 +14,6 @@ from shared.protocol import (
     Rejected,
     RejectReason,
     SamplingParams,
-    ShutdownCore,
     Submit,
     TokenEvent,
 )
@@ -165,7 +164,7 @@ def test_admission_is_acknowledged_and_refusals_say_when_to_retry(
     assert isinstance(refusal, Rejected) and refusal.reason is RejectReason.QUEUE_FULL
     assert 1 <= refusal.retry_after_s <= 60
     assert isinstance(never, Rejected) and never.reason is RejectReason.INVALID
-    core.send(ShutdownCore())
+    core.engine.drain()  # as a ShutdownCore with the spawner's token does
     core.send(Submit("late", PROMPT, greedy(2)))
     core.tick()
     [late] = [r for r in core.rejected() if r.rid == "late"]
