@@ -1,9 +1,10 @@
 """LogitsMasker: the rows of constrained requests get -inf where their grammar forbids a token.
 
 It runs between the forward pass and the sampler, on the step's logits in place: each
-constrained sequence fills one bitmask row per logits row (after its output, then after each
-draft prefix), and one numba kernel applies them all. A step without a constrained request
-only looks at each sequence's `grammar` field.
+constrained sequence fills one bitmask row per logits row it samples from (after its output,
+then after each draft prefix; rows that score prompt tokens are left alone), and one numba
+kernel applies them all. A step without a constrained request only looks at each sequence's
+`grammar` field.
 """
 
 from __future__ import annotations
@@ -42,16 +43,18 @@ class LogitsMasker:
         rows: list[int] = []
         row = 0
         for seq in seqs:
-            if seq.grammar is not None and seq.num_rows:
-                bitmask = self._room(len(rows) + seq.num_rows)
+            # rows that score prompt tokens come first and stay as they are
+            first, num_sampled = row + len(seq.scored_ids), seq.num_rows - len(seq.scored_ids)
+            if seq.grammar is not None and num_sampled:
+                bitmask = self._room(len(rows) + num_sampled)
                 try:
                     seq.grammar.fill_masks(bitmask, len(rows), seq.drafts)
                 except Exception as e:
                     # nothing is allowed; the sampler's accept() then fails this request alone
                     log.exception("the grammar of one sequence failed")
                     seq.grammar.fail(str(e))
-                    bitmask[len(rows) : len(rows) + seq.num_rows] = 0
-                rows.extend(range(row, row + seq.num_rows))
+                    bitmask[len(rows) : len(rows) + num_sampled] = 0
+                rows.extend(range(first, first + num_sampled))
             row += seq.num_rows
         k = len(rows)
         apply_token_bitmask(logits, np.asarray(rows, np.int32), self._bitmask[:k])

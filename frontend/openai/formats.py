@@ -1,12 +1,14 @@
-"""The documents of one generation response, chat or text: whole, or chunk by chunk.
+"""The documents of one generation response, chat or text: whole, or chunk by chunk, for each of
+its choices.
 
 `chunk` returns None when a piece has nothing to show yet (text a tool-call parser holds
-back); its logprobs then ride with the next chunk that is sent.
+back); its logprobs then ride with the choice's next chunk that is sent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from frontend.openai import responses as docs
 from frontend.text.generation import Piece
@@ -16,78 +18,93 @@ from shared.protocol import FinishReason, TokenLogprob
 TokenBytes = Callable[[int], bytes]
 
 
+class ChoiceOutput(NamedTuple):
+    """One choice's whole answer."""
+
+    text: str
+    finish_reason: str
+    logprobs: list[TokenLogprob]
+    first_token: int | None  # echo: the prompt's first token, which has no logprob
+    prompt_logprobs: docs.PromptLogprobs | None  # vLLM's prompt_logprobs, when asked for
+
+
 class ChatFormat:
-    """chat.completion, and the chat.completion.chunk stream (role first); with a tool-call
-    parser, the reply's calls are `tool_calls` and its finish `tool_calls`."""
+    """chat.completion, and the chat.completion.chunk stream (role first, for each choice); with
+    tool-call parsers (one per choice, from `tools`), a reply's calls are `tool_calls` and its
+    finish `tool_calls`."""
 
     def __init__(
         self,
         head: docs.Head,
         token_bytes: TokenBytes,
-        logprobs: bool,
-        tools: ToolCallParser | None = None,
+        logprobs: int | None,
+        tools: Callable[[], ToolCallParser] | None = None,
     ) -> None:
         self.head = head
         self._token_bytes = token_bytes
-        self._logprobs = logprobs
+        self._logprobs = logprobs is not None
         self._tools = tools
-        self._held: list[TokenLogprob] = []  # logprobs of pieces that showed nothing yet
+        self._parsers: dict[int, ToolCallParser] = {}  # by choice, streamed
+        self._held: dict[int, list[TokenLogprob]] = {}  # logprobs of pieces that showed nothing
 
-    def opening(self) -> list[docs.ChatCompletionChunk]:
-        return [docs.chat_role_chunk(self.head)]
+    def opening(self, num_choices: int) -> list[docs.ChatCompletionChunk]:
+        return [docs.chat_role_chunk(self.head, i) for i in range(num_choices)]
 
-    def chunk(self, piece: Piece) -> docs.ChatCompletionChunk | None:
+    def chunk(
+        self,
+        index: int,
+        piece: Piece,
+        usage: docs.Usage | None = None,
+        first_token: int | None = None,
+    ) -> docs.ChatCompletionChunk | None:
         text, deltas, finish = piece.text, [], piece.finish_reason
         if self._tools is not None:
-            parsed = self._tools.push(text)
+            parser = self._parsers.get(index)
+            if parser is None:
+                parser = self._parsers[index] = self._tools()
+            parsed = parser.push(text)
             if finish is not None:
-                end = self._tools.finish()
+                end = parser.finish()
                 parsed = parsed._replace(content=parsed.content + end.content)
                 parsed.calls.extend(end.calls)
-            text, deltas, finish = parsed.content, parsed.calls, self._finish(finish)
-        self._held += piece.logprobs
+            text, deltas, finish = parsed.content, parsed.calls, _finish(finish, parser)
+        held = self._held.setdefault(index, [])
+        held += piece.logprobs
         if not text and not deltas and finish is None:
             return None
-        logprobs, self._held = self._held, []
+        self._held[index] = []
         return docs.chat_chunk(
             self.head,
             text if text or (finish is None and not deltas) else None,  # a bare finish: `{}`
             finish,
-            self._log(logprobs),
+            self._log(held),
             [_delta(d) for d in deltas] or None,
+            index=index,
+            usage=usage,
         )
 
-    def whole(
-        self, text: str, finish_reason: str, usage: docs.Usage, logprobs: Sequence[TokenLogprob]
-    ) -> docs.ChatCompletion:
+    def whole(self, outputs: Sequence[ChoiceOutput], usage: docs.Usage) -> docs.ChatCompletion:
+        choices = [self._choice(i, out) for i, out in enumerate(outputs)]
+        return docs.chat_completion(self.head, choices, usage, outputs[0].prompt_logprobs)
+
+    def _choice(self, index: int, out: ChoiceOutput) -> docs.ChatChoice:
+        logprobs = self._log(out.logprobs)
         if self._tools is None:
-            return docs.chat_completion(self.head, text, finish_reason, usage, self._log(logprobs))
-        self._tools.push(text)
-        self._tools.finish()
+            return docs.chat_choice(index, out.text, out.finish_reason, logprobs)
+        parser = self._tools()
+        parser.push(out.text)
+        parser.finish()
         calls = [
             docs.ToolCallDoc(
                 id=c.id,
                 type="function",
                 function=docs.FunctionCallDoc(name=c.name, arguments=c.arguments),
             )
-            for c in self._tools.calls
+            for c in parser.calls
         ]
-        finish = self._finish(finish_reason)
+        finish = _finish(out.finish_reason, parser)
         assert finish is not None
-        return docs.chat_completion(
-            self.head,
-            self._tools.content or None,
-            finish,
-            usage,
-            self._log(logprobs),
-            calls or None,
-        )
-
-    def _finish(self, finish_reason: str | None) -> str | None:
-        """A reply that made calls and stopped finishes with `tool_calls`."""
-        if finish_reason == FinishReason.STOP and self._tools is not None and self._tools.calls:
-            return "tool_calls"
-        return finish_reason
+        return docs.chat_choice(index, parser.content or None, finish, logprobs, calls or None)
 
     def usage_chunk(self, usage: docs.Usage) -> docs.ChatCompletionChunk:
         return docs.chat_usage_chunk(self.head, usage)
@@ -99,37 +116,64 @@ class ChatFormat:
 class TextFormat:
     """text_completion, whole or as stream chunks (no role chunk)."""
 
-    def __init__(self, head: docs.Head, token_bytes: TokenBytes, logprobs: bool) -> None:
+    def __init__(self, head: docs.Head, token_bytes: TokenBytes, logprobs: int | None) -> None:
         self.head = head
         self._token_bytes = token_bytes
-        self._logprobs = logprobs
-        self._offset = 0  # characters sent so far: logprobs' text_offset
+        self._top = logprobs
+        self._offsets: dict[int, int] = {}  # characters sent so far, by choice: text_offset
 
-    def opening(self) -> list[docs.TextCompletion]:
+    def opening(self, num_choices: int) -> list[docs.TextCompletion]:
         return []
 
-    def chunk(self, piece: Piece) -> docs.TextCompletion | None:
+    def chunk(
+        self,
+        index: int,
+        piece: Piece,
+        usage: docs.Usage | None = None,
+        first_token: int | None = None,
+    ) -> docs.TextCompletion | None:
         if not piece.text and piece.finish_reason is None:
             return None
-        logprobs = self._log(piece.logprobs, self._offset)
-        self._offset += len(piece.text)
-        return docs.text_completion(self.head, piece.text, piece.finish_reason, None, logprobs)
+        offset = self._offsets.get(index, 0)
+        logprobs = self._log(piece.logprobs, offset, first_token)
+        self._offsets[index] = offset + len(piece.text)
+        choice = docs.text_choice(index, piece.text, piece.finish_reason, logprobs)
+        return docs.text_completion(self.head, [choice], usage)
 
-    def whole(
-        self, text: str, finish_reason: str, usage: docs.Usage, logprobs: Sequence[TokenLogprob]
-    ) -> docs.TextCompletion:
-        return docs.text_completion(self.head, text, finish_reason, usage, self._log(logprobs, 0))
+    def whole(self, outputs: Sequence[ChoiceOutput], usage: docs.Usage) -> docs.TextCompletion:
+        choices = [
+            docs.text_choice(
+                i,
+                out.text,
+                out.finish_reason,
+                self._log(out.logprobs, 0, out.first_token),
+                out.prompt_logprobs,
+            )
+            for i, out in enumerate(outputs)
+        ]
+        return docs.text_completion(self.head, choices, usage)
 
     def usage_chunk(self, usage: docs.Usage) -> docs.TextCompletion:
         return docs.text_usage_chunk(self.head, usage)
 
-    def _log(self, entries: Sequence[TokenLogprob], offset: int) -> docs.CompletionLogprobs | None:
-        if not self._logprobs:
+    def _log(
+        self, entries: Sequence[TokenLogprob], offset: int, first_token: int | None
+    ) -> docs.CompletionLogprobs | None:
+        if self._top is None:
             return None
-        return docs.completion_logprobs(entries, self._token_bytes, offset)
+        return docs.completion_logprobs(
+            entries, self._token_bytes, offset, first_token=first_token, top_n=self._top
+        )
 
 
 Format = ChatFormat | TextFormat
+
+
+def _finish(finish_reason: str | None, parser: ToolCallParser) -> str | None:
+    """A reply that made calls and stopped finishes with `tool_calls`."""
+    if finish_reason == FinishReason.STOP and parser.calls:
+        return "tool_calls"
+    return finish_reason
 
 
 def _delta(delta: CallDelta) -> docs.DeltaToolCall:

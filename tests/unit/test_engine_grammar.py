@@ -120,3 +120,4 @@ def test_prompt_lookup_gives_the_same_json_on_a_random_model(
     assert outputs[0] == outputs[1]
     if outputs[0][1] == FinishReason.STOP:
         assert isinstance(json.loads(outputs[0][0]), dict)
+

@@ -62,7 +62,9 @@ def allowed(vocab: Vocabulary, grammar: Grammar, drafts: list[int] = ()) -> np.n
     """Which tokens the masker leaves finite, one row per draft prefix."""
     logits = np.zeros((len(drafts) + 1, vocab.size), np.float32)
     row = Row(SamplingParams(max_tokens=8))
-    LogitsMasker(vocab.size).apply(logits, [SampleSeq(row, len(drafts) + 1, drafts, grammar)])
+    LogitsMasker(vocab.size).apply(
+        logits, [SampleSeq(row, len(drafts) + 1, drafts, grammar=grammar)]
+    )
     return np.isfinite(logits)
 
 
@@ -135,7 +137,11 @@ def test_a_failing_grammar_fails_only_its_own_rows(
     monkeypatch.setattr(Grammar, "fill_masks", fill_masks)
     logits = np.zeros((3, byte_vocab.size), np.float32)
     row = Row(SamplingParams(max_tokens=8, temperature=0.0))
-    seqs = [SampleSeq(row, 1, [], broken), SampleSeq(row, 1, []), SampleSeq(row, 1, [], fine)]
+    seqs = [
+        SampleSeq(row, 1, [], grammar=broken),
+        SampleSeq(row, 1, []),
+        SampleSeq(row, 1, [], grammar=fine),
+    ]
     LogitsMasker(byte_vocab.size).apply(logits, seqs)
     assert np.isneginf(logits[0]).all()
     assert np.isfinite(logits[1]).all()
