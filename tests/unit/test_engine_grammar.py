@@ -7,6 +7,7 @@ forbidden successor leaves every allowed token at logit 0, and greedy takes the 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -121,3 +122,27 @@ def test_prompt_lookup_gives_the_same_json_on_a_random_model(
     if outputs[0][1] == FinishReason.STOP:
         assert isinstance(json.loads(outputs[0][0]), dict)
 
+
+def test_each_choice_follows_the_grammar_with_a_matcher_of_its_own(
+    tiny: TinyModels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """n = 4 sampled choices share one prefill; each is held to the grammar on its own (a
+    shared matcher would refuse the second choice's first token, or let it wander)."""
+    core = make_core(tiny.gguf_quant, monkeypatch, max_num_seqs=4, num_blocks=128)
+    params = SamplingParams(
+        max_tokens=20, temperature=1.0, seed=3, grammar=regex_grammar("[a-d]{6}")
+    )
+    core.send(Submit("n", list(b"abc"), params, n=4))
+    core.run_until_idle()
+    texts: dict[int, bytes] = {}
+    finishes = {}
+    for ev in core.events():
+        if ev.rid == "n":
+            texts[ev.index] = texts.get(ev.index, b"") + bytes(ev.token_ids)
+            if ev.finish is not None:
+                finishes[ev.index] = ev.finish
+    assert sorted(texts) == [0, 1, 2, 3]
+    assert all(re.fullmatch(rb"[a-d]{6}", t) for t in texts.values()), texts
+    assert len(set(texts.values())) > 1  # sampled: the choices differ
+    assert set(finishes.values()) == {FinishReason.STOP}
+    assert core.stats().constrained_requests_total == 4
