@@ -151,6 +151,20 @@ def test_a_failing_grammar_fails_only_its_own_rows(
     assert out[2].token_ids == ids(byte_vocab, "b")
 
 
+def test_rows_that_score_the_prompt_are_not_masked(byte_vocab: Vocabulary) -> None:
+    """prompt_logprobs: a sequence's first rows score its prompt tokens; only the row it
+    samples from follows the grammar."""
+    grammar = byte_vocab.compiler().compile(regex_grammar("b+"))
+    logits = np.zeros((4, byte_vocab.size), np.float32)
+    row = Row(SamplingParams(max_tokens=8, temperature=0.0, prompt_logprobs=0))
+    seqs = [SampleSeq(row, 1, []), SampleSeq(row, 3, [], [5, 6], grammar=grammar)]
+    LogitsMasker(byte_vocab.size).apply(logits, seqs)
+    assert np.isfinite(logits[:3]).all()
+    assert np.flatnonzero(np.isfinite(logits[3])).tolist() == ids(byte_vocab, "b")
+    out = Sampler(byte_vocab.size).emit(logits, seqs)
+    assert out[1].token_ids == ids(byte_vocab, "b") and out[1].prompt_logprobs is not None
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_extreme_penalties_never_revive_a_masked_token(temperature: float) -> None:
     """A repetition penalty that underflows float32 (the fuzzer sent 5e-324) makes the seen
