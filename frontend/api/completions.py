@@ -111,6 +111,7 @@ class CompletionRoutes:
             job.stops,
             include_stop=job.include_stop,
             min_tokens=job.params.min_tokens,
+            stop_ids=frozenset(job.params.stop_token_ids),
         )
         return _Choice(p, job.prompts[p], generation, job.echo)
 

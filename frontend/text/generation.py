@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple
 
 from frontend.text.detokenizer import Detokenizer
@@ -31,6 +31,7 @@ class Generation:
         "_held_logprobs",
         "_include_stop",
         "_min_tokens",
+        "_stop_ids",
         "_stops",
         "finish_reason",
         "num_cached_tokens",
@@ -46,8 +47,11 @@ class Generation:
         *,
         include_stop: bool = False,
         min_tokens: int = 0,
+        stop_ids: Collection[int] | None = None,
     ) -> None:
         self._detokenizer = Detokenizer(decode, prompt_ids)
+        # a stop finish ends on one of these, or (a complete grammar) on text; None: always one
+        self._stop_ids = stop_ids
         self._stops = StopMatcher(stops, include_stop)
         self._include_stop = include_stop
         self._min_tokens = min_tokens
@@ -57,13 +61,16 @@ class Generation:
         self.finish_reason: str | None = None
         self.stopped_by_string = False  # the core does not know: it must be told to abort
 
+    def _ends_on_stop(self, ids: Sequence[int]) -> bool:
+        return self._stop_ids is None or (len(ids) > 0 and ids[-1] in self._stop_ids)
+
     def push(self, event: TokenEvent) -> Piece:
         assert self.finish_reason is None, "push after the finish"
         if self.num_tokens == 0:
             self.num_cached_tokens = event.num_cached_tokens
         ids = event.token_ids
-        if event.finish is FinishReason.STOP and not self._include_stop:
-            ids = ids[:-1]  # the stop token: the core stops only on one
+        if event.finish is FinishReason.STOP and not self._include_stop and self._ends_on_stop(ids):
+            ids = ids[:-1]  # the stop token
         unmatched = max(0, self._min_tokens - self.num_tokens)
         self.num_tokens += len(event.token_ids)
         self._held_logprobs += event.logprobs or ()

@@ -145,6 +145,15 @@ def test_the_stop_token_is_not_text_unless_asked_for() -> None:
     assert texts(Generation(decode, [97], [], include_stop=True), *stopped) == ["b", "c"]
 
 
+def test_a_stop_on_text_keeps_its_last_token() -> None:
+    """A complete grammar ends its request with stop on a text token: the token is text."""
+    stopped = [event([ord("b")]), event([ord("c")], FinishReason.STOP)]
+    g = Generation(decode, [97], [], stop_ids=frozenset({EOS}))
+    assert texts(g, *stopped) == ["b", "c"]
+    eos = [event([ord("b")]), event([EOS], FinishReason.STOP)]
+    assert texts(Generation(decode, [97], [], stop_ids=frozenset({EOS})), *eos) == ["b", ""]
+
+
 def test_include_stop_keeps_the_stop_string_and_nothing_after() -> None:
     g = Generation(decode, [97], ["cd"], include_stop=True)
     assert texts(g, event(list(b"bc")), event(list(b"def"))) == ["b", "cd"]
