@@ -1,6 +1,6 @@
 """The decoder forward pass over a paged KV cache, one kernel call per line.
 
-One function serves every architecture (llama, qwen2, qwen3, gemma3): what differs between
+One function serves every architecture (llama, qwen2, qwen3, gemma3, phi3): what differs between
 them is data in ModelConfig (each layer's RoPE and attention window, the activation, the query
 scale, embedding scaling, logit softcapping) and optional weights (q/k/v biases, per-head q/k
 norms, norms of the sublayer outputs). A call runs a flattened varlen batch: any mix of

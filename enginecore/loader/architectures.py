@@ -44,6 +44,8 @@ class Family:
     hf_norm_offset: float = 0.0  # its checkpoints' norms hold w - this (Gemma: 1 + w)
     gguf_interleaved_qk: bool = False  # llama.cpp permuted the q/k rows for its interleaved RoPE
     hf_tied_default: bool = False  # tie_word_embeddings when config.json omits it
+    fused: bool = False  # q/k/v stored as one matrix, and gate/up as one (Phi-3)
+    window_everywhere: bool = False  # a sliding_window in the config applies to every layer
 
 
 FAMILIES = (
@@ -55,6 +57,7 @@ FAMILIES = (
         qk_norm=True, post_norms=True, scaled_embedding=True, hf_norm_offset=1.0,
         hf_tied_default=True,
     ),
+    Family("phi3", "phi3", fused=True, window_everywhere=True),
 )  # fmt: skip
 SERVED = ", ".join(f.gguf_arch for f in FAMILIES)
 
@@ -111,7 +114,10 @@ def make_config(
     query_scale: float,
     final_softcap: float,
 ) -> ModelConfig:
-    """The ModelConfig of a family's model: sliding layers get `window` and `local_rope`."""
+    """The ModelConfig of a family's model: sliding layers get `window` and `local_rope`
+    (the one RoPE of a family whose every layer may slide)."""
+    if fam.window_everywhere:
+        local_rope = full_rope
     if any(sliding) and window <= 0:
         raise ValueError(f"{fam.gguf_arch}: sliding-window layers without a window size")
     return ModelConfig(
@@ -140,6 +146,10 @@ def tensor_shapes(cfg: ModelConfig, fam: Family) -> dict[str, Shape]:
         "attn_v.weight": (kv, d), "attn_output.weight": (d, q), "ffn_norm.weight": (d,),
         "ffn_gate.weight": (ffn, d), "ffn_up.weight": (ffn, d), "ffn_down.weight": (d, ffn),
     }  # fmt: skip
+    if fam.fused:
+        for name in ("attn_q.weight", "attn_k.weight", "attn_v.weight", "ffn_gate.weight"):
+            del layer[name]
+        layer |= {"attn_qkv.weight": (q + 2 * kv, d), "ffn_up.weight": (2 * ffn, d)}
     if fam.qkv_bias:
         layer |= {"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)}
     if fam.qk_norm:
@@ -158,7 +168,8 @@ _HF_GLOBAL = {
 }
 _HF_LAYER = {
     "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_v": "self_attn.v_proj", "attn_qkv": "self_attn.qkv_proj",
+    "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm", "attn_output": "self_attn.o_proj",
     "post_attention_norm": "post_attention_layernorm", "ffn_norm": "post_attention_layernorm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
@@ -174,6 +185,8 @@ def hf_name(name: str, fam: Family) -> str:
     hf = _HF_LAYER[kind]
     if kind == "ffn_norm" and fam.post_norms:  # there, post_attention_layernorm is the other one
         hf = "pre_feedforward_layernorm"
+    if kind == "ffn_up" and fam.fused:
+        hf = "mlp.gate_up_proj"
     return f"model.layers.{layer}.{hf}.{suffix}"
 
 
@@ -221,12 +234,14 @@ def build_weights(
     layers = []
     for i in range(cfg.num_layers):
         p = f"blk.{i}."
+        qkv = ["attn_qkv"] if fam.fused else ["attn_q", "attn_k", "attn_v"]
+        gate_up = ["ffn_up"] if fam.fused else ["ffn_gate", "ffn_up"]  # fused: [gate; up]
         lw = LayerWeights(
             attn_norm=norm(p + "attn_norm.weight"),
-            wqkv=fused(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),
+            wqkv=fused(*(f"{p}{n}.weight" for n in qkv)),
             wo=fused(p + "attn_output.weight"),
             ffn_norm=norm(p + "ffn_norm.weight"),
-            w_gate_up=fused(p + "ffn_gate.weight", p + "ffn_up.weight"),
+            w_gate_up=fused(*(f"{p}{n}.weight" for n in gate_up)),
             w_down=fused(p + "ffn_down.weight"),
         )
         if fam.qkv_bias:

@@ -56,7 +56,7 @@ def read_config(reader: gguf.GGUFReader) -> ModelConfig:
         float(get("rope.freq_base", 10000.0)), _rope_factors(tensors, head_dim), factor
     )
     window = int(get("attention.sliding_window", 0))
-    if window and arch != "gemma3":
+    if window and arch != "gemma3" and not fam.window_everywhere:
         raise ValueError(
             f"{arch}.attention.sliding_window: sliding windows of {arch} are not served"
         )
@@ -64,7 +64,8 @@ def read_config(reader: gguf.GGUFReader) -> ModelConfig:
     # local RoPE base of 10000, and queries scaled by 1 / sqrt(head_dim) except for 27B
     pattern = get("attention.sliding_window_pattern", 6)
     sliding = (
-        [bool(b) for b in pattern] if isinstance(pattern, list)
+        [bool(window)] * layers if fam.window_everywhere  # Phi-3, as transformers runs it
+        else [bool(b) for b in pattern] if isinstance(pattern, list)
         else architectures.sliding_layers(layers, int(pattern)) if window
         else [False] * layers
     )  # fmt: skip

@@ -62,6 +62,8 @@ def _ropes(c: dict[str, Any], head_dim: int) -> tuple[Rope, Rope]:
 
 def _sliding(c: dict[str, Any], fam: Family, num_layers: int) -> list[bool]:
     types = c.get("layer_types")
+    if types is None and fam.window_everywhere:
+        return [bool(c.get("sliding_window"))] * num_layers
     if types is None and fam.gguf_arch == "gemma3":
         return architectures.sliding_layers(num_layers, int(c.get("sliding_window_pattern", 6)))
     if types is None:

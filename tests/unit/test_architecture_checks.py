@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
@@ -87,6 +88,12 @@ GGUF_CASES = [
      "qwen2.attention.sliding_window: sliding windows of qwen2 are not served"),
     ("qwen3", {"extra": lambda w: w.add_rope_dimension_count(16)},
      "qwen3.rope.dimension_count = 16 differs from the head size 32"),
+    ("phi3", {"edit": dropped("blk.1.attn_qkv.weight")},
+     "missing tensor blk.1.attn_qkv.weight (expected shape (128, 64))"),
+    ("phi3", {"edit": lambda n, a: a[:128] if n == "blk.0.ffn_up.weight" else a},
+     "tensor blk.0.ffn_up.weight has shape (128, 64), but the model's config implies (256, 64)"),
+    ("phi3", {"extra": lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)},
+     "phi3.rope.scaling.type 'longrope' is not served"),
 ]  # fmt: skip
 
 
@@ -102,7 +109,7 @@ def test_gguf_refused_from_its_header(
 
 def test_gguf_twin_loads_when_untouched(tmp_path: Path) -> None:
     """The cases above fail for their corruption, not for the twin itself."""
-    for arch in ("llama", "qwen2", "qwen3", "gemma3"):
+    for arch in ("llama", "qwen2", "qwen3", "gemma3", "phi3"):
         load(twin(tmp_path, arch))
 
 
@@ -133,6 +140,12 @@ HF_CASES = [
      "tensor model.layers.0.self_attn.k_proj.bias has shape (8,), but the model's config implies (32,)"),
     ("gemma3", {"tensors": _with("model.layers.0.mlp.fused.weight", np.zeros(4, np.float32))},
      "tensor model.layers.0.mlp.fused.weight is not part of this architecture"),
+    ("phi3", {"config": _set("rope_scaling", {"rope_type": "longrope", "short_factor": [1.0] * 8,
+                                               "long_factor": [2.0] * 8})},
+     "rope type 'longrope' is not served"),
+    ("phi3", {"config": _set("partial_rotary_factor", 0.75)}, "partial_rotary_factor is not served"),
+    ("phi3", {"tensors": _without("model.layers.0.mlp.gate_up_proj.weight")},
+     "missing tensor model.layers.0.mlp.gate_up_proj.weight (expected shape (256, 64))"),
     ("llama", {"tensors": _with("model.norm.weight", np.zeros(64, np.int32))},
      "tensor model.norm.weight is I32"),
 ]  # fmt: skip

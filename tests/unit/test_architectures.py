@@ -22,7 +22,7 @@ from tests.fixtures import arch_gguf, reference
 from tests.unit.test_model import greedy, prefill, runner_for
 
 ARCH = Path(__file__).resolve().parents[1] / "data" / "arch"
-NAMES = ["llama", "qwen2", "qwen3", "gemma3"]
+NAMES = ["llama", "qwen2", "qwen3", "gemma3", "phi3"]
 Q = gguf.GGMLQuantizationType
 # dense forms hold the same numbers: Hugging Face BF16 (as committed), F16, F32; GGUF F32, F16
 DENSE_FORMS = ["hf_bf16", "hf_f16", "hf_f32", "gguf_f32", "gguf_f16"]
