@@ -53,9 +53,8 @@ def hf_copy(src: Path, out: Path, dtype: type) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def forms(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
-    root = tmp_path_factory.mktemp("arch")
+def forms_in(root: Path) -> dict[tuple[str, str], Path]:
+    """Every form of every architecture's model, written under `root`."""
     out: dict[tuple[str, str], Path] = {}
     for arch in NAMES:
         src = ARCH / arch
@@ -65,6 +64,11 @@ def forms(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Pat
         for name, qtype in (("gguf_f32", Q.F32), ("gguf_f16", Q.F16), ("gguf_q8_0", Q.Q8_0)):
             out[arch, name] = arch_gguf.write_twin(src, root / f"{arch}-{name}.gguf", qtype)
     return out
+
+
+@pytest.fixture(scope="module")
+def forms(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+    return forms_in(tmp_path_factory.mktemp("arch"))
 
 
 def test_committed_checkpoints_are_bf16() -> None:
