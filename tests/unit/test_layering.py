@@ -14,7 +14,16 @@ THIRD_PARTY_OF = {
     # shared/tokenizer.py builds the one tokenizer both sides can use
     "shared": {"msgspec", "gguf", "tokenizers"},
     "frontend": {"msgspec", "aiohttp", "zmq", "minijinja", "prometheus_client"},
-    "enginecore": {"msgspec", "numpy", "numba", "llvmlite", "zmq", "gguf", "safetensors"},
+    "enginecore": {
+        "msgspec",
+        "numpy",
+        "numba",
+        "llvmlite",
+        "zmq",
+        "gguf",
+        "safetensors",
+        "ml_dtypes",
+    },
 }
 FIRST_PARTY = {"shared", "frontend", "enginecore"}
 MAY_IMPORT = {
@@ -37,6 +46,7 @@ ONLY_IN = {
     "zmq": ("enginecore/channel.py", "frontend/core/"),
     "gguf": ("shared/gguf_file.py", "enginecore/loader/"),
     "safetensors": ("enginecore/loader/",),
+    "ml_dtypes": ("enginecore/loader/",),  # numpy's bfloat16, for BF16 safetensors
     "tokenizers": ("shared/tokenizer.py",),
     "minijinja": ("frontend/text/",),
     "prometheus_client": ("frontend/api/",),
