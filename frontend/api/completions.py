@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -14,7 +15,7 @@ from frontend.api.json_response import json_response
 from frontend.api.metrics import Metrics, RequestTimer
 from frontend.api.sse import SSEStream
 from frontend.core.client import CoreClient
-from frontend.core.request_stream import RequestStream
+from frontend.core.request_stream import Item, RequestStream
 from frontend.openai import responses as docs
 from frontend.openai.conversion import Converter, GenerationJob
 from frontend.openai.formats import ChatFormat, Format, TextFormat
@@ -27,6 +28,7 @@ from shared.protocol import TokenEvent, TokenLogprob
 log = logging.getLogger(__name__)
 
 PING_INTERVAL_S: Final = 15.0
+_STREAM_FAILED: Final = "The server failed while streaming this response."
 
 
 class CompletionRoutes:
@@ -109,31 +111,45 @@ class CompletionRoutes:
         item = await reply.stream.get()
         if isinstance(item, ServingError):
             raise reply.refusal(item)
-        sse = await SSEStream.open(request)
+        sse = SSEStream(request)
         try:
-            for document in reply.fmt.opening():
-                await sse.send(document)
-            while True:
-                if item is None:
-                    await sse.ping()
-                elif isinstance(item, ServingError):
-                    await sse.error(item)
-                    return sse.response
-                else:
-                    piece = reply.push(item)
-                    # finish_reason rides on the last text, or on a `delta: {}` of its own
-                    if piece.text or piece.finish_reason is not None:
-                        await sse.send(reply.fmt.chunk(piece))
-                    if piece.finish_reason is not None:
-                        break
-                item = await reply.stream.get(self._ping_interval_s)
-            reply.timer.finish()
-            if include_usage:
-                await sse.send(reply.fmt.usage_chunk(reply.usage()))
-            await sse.done()
+            await sse.open()
+            await self._relay(sse, reply, item, include_usage)
         except ConnectionResetError:
             log.info("client went away during %s", reply.stream.rid)
+        except Exception:
+            log.exception("the stream of %s failed", reply.stream.rid)
+            with contextlib.suppress(ConnectionError):
+                await sse.error(ServingError(ErrorCode.INTERNAL_ERROR, _STREAM_FAILED))
+        finally:
+            if not sse.ended:  # the client left, or this task was cancelled: never a clean end
+                sse.reset()
         return sse.response
+
+    async def _relay(
+        self, sse: SSEStream, reply: _Reply, item: Item | None, include_usage: bool
+    ) -> None:
+        """The stream's events, from the first core event to [DONE] or an error event."""
+        for document in reply.fmt.opening():
+            await sse.send(document)
+        while True:
+            if item is None:
+                await sse.ping()
+            elif isinstance(item, ServingError):
+                await sse.error(item)
+                return
+            else:
+                piece = reply.push(item)
+                # finish_reason rides on the last text, or on a `delta: {}` of its own
+                if piece.text or piece.finish_reason is not None:
+                    await sse.send(reply.fmt.chunk(piece))
+                if piece.finish_reason is not None:
+                    break
+            item = await reply.stream.get(self._ping_interval_s)
+        reply.timer.finish()
+        if include_usage:
+            await sse.send(reply.fmt.usage_chunk(reply.usage()))
+        await sse.done()
 
 
 @dataclass(slots=True)
