@@ -26,7 +26,7 @@ from shared.tokenizer_metadata import read_tokenizer_metadata
 log = logging.getLogger("enginecore")
 
 
-def build(cfg: EngineConfig) -> Engine:
+def build(cfg: EngineConfig, channel: Channel, owner_token: str = "") -> Engine:
     t0 = time.monotonic()
     set_num_threads(cfg.num_threads)
     path = cfg.model_path
@@ -57,7 +57,7 @@ def build(cfg: EngineConfig) -> Engine:
         core_pid=os.getpid(),
     )
     engine = Engine(
-        channel=Channel(cfg.resolved_core_address),
+        channel=channel,
         runner=runner,
         scheduler=Scheduler(sched_cfg, blocks, proposer),
         sampler=Sampler(runner.cfg.vocab_size),
@@ -66,6 +66,7 @@ def build(cfg: EngineConfig) -> Engine:
         queue_deadline_ms=cfg.queue_deadline_ms,
         step_delay_ms=cfg.step_delay_ms,
         drain_timeout_s=cfg.drain_timeout_s,
+        owner_token=owner_token,
     )
     log.info(
         "serving %s at %s: %d KV blocks of %d, max_model_len %d, ready in %.1f s",
@@ -75,9 +76,19 @@ def build(cfg: EngineConfig) -> Engine:
     return engine
 
 
+class _StopWhileStartingError(Exception):
+    """SIGTERM or SIGINT while the core was still starting."""
+
+
+def _stop_starting(signum: int, frame: FrameType | None) -> None:
+    raise _StopWhileStartingError
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="enginecore", description=__doc__)
     parser.add_argument("--config", help="runtime.toml (defaults serve the bundled model)")
+    # internal: the spawning frontend writes the token of its ShutdownCore on our stdin
+    parser.add_argument("--owner-stdin", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         cfg = load(args.config).engine
@@ -85,20 +96,37 @@ def main(argv: list[str] | None = None) -> int:
         print(f"enginecore: {e}", file=sys.stderr)  # noqa: T201
         return 2
     setup_logging("enginecore", cfg.log_level)
+    owner_token = sys.stdin.readline().strip() if args.owner_stdin else ""
+    signal.signal(signal.SIGTERM, _stop_starting)
+    signal.signal(signal.SIGINT, _stop_starting)
     try:
-        engine = build(cfg)
-    except (OSError, ValueError) as e:
+        # bound first: a refused address fails at once, and the socket file is ours to remove
+        channel = Channel(cfg.resolved_core_address, cfg.curve_keys)
+    except ValueError as e:
         log.error("cannot start: %s", e)
         return 2
+    except _StopWhileStartingError:
+        return 0
+    try:
+        engine = build(cfg, channel, owner_token)
+    except (OSError, ValueError) as e:
+        log.error("cannot start: %s", e)
+        channel.close()
+        return 2
+    except _StopWhileStartingError:
+        log.info("stopped while starting")
+        channel.close()
+        return 0
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         engine.drain()
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    code = engine.run()
-    engine.channel.close()
-    return code
+    try:
+        return engine.run()
+    finally:
+        channel.close()
 
 
 if __name__ == "__main__":

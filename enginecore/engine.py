@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections import defaultdict
@@ -54,6 +55,7 @@ class Engine:
         queue_deadline_ms: int,
         step_delay_ms: int,
         drain_timeout_s: float = 30.0,
+        owner_token: str = "",
     ) -> None:
         self.channel = channel
         self.runner = runner
@@ -70,6 +72,7 @@ class Engine:
         self.requests = scheduler.requests  # every live request, by id (the scheduler's)
         self.draining = False
         self.drain_timeout_s = drain_timeout_s
+        self.owner_token = owner_token  # what ShutdownCore must carry: the spawner's secret
         self.drain_deadline = float("inf")  # past it, a drain cuts what is still running
         self.batch_tokens = 0
         self.steps_total = 0
@@ -153,8 +156,11 @@ class Engine:
                 pass
             case Bye():
                 self.forget(client)
-            case ShutdownCore():
-                self.drain()
+            case ShutdownCore(token=token):
+                if self.owner_token and hmac.compare_digest(token, self.owner_token):
+                    self.drain()
+                else:
+                    log.warning("ignored a ShutdownCore from %r: not the spawning frontend", client)
 
     def submit(self, client: bytes, msg: Submit) -> None:
         reason = self.refusal(msg)

@@ -33,6 +33,31 @@ class ModelConfig:
     max_position: int  # the context the model was trained for
     tie_embeddings: bool
 
+    def __post_init__(self) -> None:
+        """Refuse shapes no real model has before anything is allocated for them (a file
+        from an untrusted source must not make the server reserve gigabytes)."""
+        limits = {
+            "vocab_size": 1 << 20,
+            "hidden_size": 1 << 16,
+            "intermediate_size": 1 << 18,
+            "num_layers": 1 << 9,
+            "num_heads": 1 << 10,
+            "num_kv_heads": 1 << 10,
+            "head_dim": 1 << 10,
+            "max_position": 1 << 21,
+        }
+        for name, limit in limits.items():
+            value = getattr(self, name)
+            if not 1 <= value <= limit:
+                raise ValueError(f"model config {name} = {value} is outside 1..{limit}")
+        if self.num_heads % self.num_kv_heads or self.head_dim % 2:
+            raise ValueError(
+                f"model config: {self.num_heads} heads over {self.num_kv_heads} kv heads of "
+                f"dimension {self.head_dim}"
+            )
+        if not (self.rope_theta > 0 and 0 < self.rms_eps < 1):
+            raise ValueError(f"model config rope_theta {self.rope_theta}, rms_eps {self.rms_eps}")
+
     @property
     def q_dim(self) -> int:
         return self.num_heads * self.head_dim

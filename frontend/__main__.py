@@ -27,7 +27,7 @@ async def serve(
     try:
         server = Server(config, config_path, workers=workers, role=role)
     except (OSError, ValueError, TemplateError) as e:
-        log.error("cannot load the model's tokenizer and template: %s", e)
+        log.error("cannot start: %s", e)
         return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -60,7 +60,9 @@ class Server:
         if role is not None:
             config = worker_config(config, role)
         model = ServedModel.load(config.model_path, config.served_model_id)
-        core = CoreClient(config.resolved_core_address, silence_s=config.client_timeout_s)
+        core = CoreClient(
+            config.resolved_core_address, keys=config.curve_keys, silence_s=config.client_timeout_s
+        )
         process = None
         if config.spawn_core:
             command = core_argv(config_path) if argv is None else argv

@@ -6,13 +6,14 @@ This is the only module that reads the environment.
 from __future__ import annotations
 
 import os
-import tempfile
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
 import msgspec
+
+from shared.core_link import CurveKeys, runtime_dir
 
 ENV_PREFIX = "TL_ENGINE__"
 BUNDLED_MODEL = "~/.cache/tl-serve/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -55,6 +56,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # processes
     core_address: str = ""  # "" = an ipc socket in the runtime dir, derived from http_listen
     spawn_core: bool = True
+    # CURVE security of a tcp core link (shared/core_link.py): certificate files
+    curve_core_key: str = ""  # the core's: its secret certificate on the core, public elsewhere
+    curve_frontend_key: str = ""  # this frontend's secret certificate
+    curve_authorized_keys: str = ""  # directory of the frontends' public certificates (core)
     client_timeout_s: float = 10.0
     drain_timeout_s: float = 30.0
     num_threads: int = 0  # compute threads of the core; 0 = all cores
@@ -101,6 +106,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             parse_listen(getattr(self, key), key)
         if not self.spawn_core and not self.core_address:
             raise ValueError("core_address is required when spawn_core = false")
+        if self.core_address and not self.core_address.startswith(("tcp://", "ipc://")):
+            raise ValueError("core_address must be a tcp:// or ipc:// endpoint")
 
     @property
     def model_path(self) -> Path:
@@ -108,11 +115,16 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     @property
     def resolved_core_address(self) -> str:
-        """The ZeroMQ endpoint of the core: core_address, else an ipc socket named by the API port."""
+        """The ZeroMQ endpoint of the core: core_address, else an ipc socket named by the API
+        port in this user's private runtime directory."""
         if self.core_address:
             return self.core_address
         port = parse_listen(self.http_listen)[1]
-        return f"ipc://{tempfile.gettempdir()}/tl-serve-core-{port}.sock"
+        return f"ipc://{runtime_dir() / f'core-{port}.sock'}"
+
+    @property
+    def curve_keys(self) -> CurveKeys:
+        return CurveKeys(self.curve_core_key, self.curve_frontend_key, self.curve_authorized_keys)
 
     @property
     def served_model_id(self) -> str:

@@ -89,7 +89,10 @@ class Bye(msgspec.Struct, tag=True, array_like=True):
 
 
 class ShutdownCore(msgspec.Struct, tag=True, array_like=True):
-    """Drain: admit nothing new, finish running work, exit 0 (owning frontend only)."""
+    """Drain: admit nothing new, finish running work, exit 0. Honoured only with the token
+    the spawning frontend gave the core at start (an attached frontend leaves with Bye)."""
+
+    token: str
 
 
 ToCore = Hello | Submit | Abort | Embed | Heartbeat | GetStats | Bye | ShutdownCore

@@ -10,8 +10,13 @@ from enginecore.weights import Weights
 
 
 def load(path: Path) -> tuple[ModelConfig, Weights]:
-    if path.is_file() and path.suffix == ".gguf":
-        return gguf.load(path)
-    if path.is_dir():
-        return safetensors.load(path)
-    raise ValueError(f"model_dir {path} is neither a .gguf file nor a model directory")
+    """The model at `path`; ValueError (naming what is wrong where it can) if it is not one."""
+    if not (path.is_dir() or (path.is_file() and path.suffix == ".gguf")):
+        raise ValueError(f"model_dir {path} is neither a .gguf file nor a model directory")
+    try:
+        return safetensors.load(path) if path.is_dir() else gguf.load(path)
+    except ValueError:
+        raise
+    except (ArithmeticError, LookupError, TypeError, AssertionError) as e:
+        # a file the specific checks let through but the loader cannot use: still a refusal
+        raise ValueError(f"{path}: malformed model ({type(e).__name__}: {e})") from e

@@ -11,9 +11,12 @@ from typing import Any
 import msgspec
 import zmq
 import zmq.asyncio
+import zmq.auth
+import zmq.utils.monitor
 
 from frontend.core.request_stream import RequestStream, rejection_error, unavailable
 from shared import protocol
+from shared.core_link import NO_KEYS, CurveKeys, check_protected
 from shared.errors import ErrorCode, ServingError
 from shared.protocol import (
     Abort,
@@ -38,6 +41,35 @@ from shared.protocol import (
 
 log = logging.getLogger(__name__)
 
+# what the connection's monitor reports: the core hung up, or refused our CURVE handshake
+_MONITORED = (
+    zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+_REFUSED = _MONITORED & ~zmq.EVENT_DISCONNECTED
+
+
+def curve_options(keys: CurveKeys) -> dict[int, bytes]:
+    """The DEALER's CURVE client options: the core's public key and our own key pair."""
+    if not keys.enabled:
+        return {}
+    try:
+        core_public, _ = zmq.auth.load_certificate(keys.core)
+        public, secret = zmq.auth.load_certificate(keys.frontend) if keys.frontend else (b"", None)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read the CURVE certificates: {e}") from e
+    if secret is None:
+        raise ValueError(
+            f"curve_frontend_key {keys.frontend!r} must be this frontend's secret certificate"
+        )
+    return {
+        zmq.CURVE_SERVERKEY: core_public,
+        zmq.CURVE_PUBLICKEY: public,
+        zmq.CURVE_SECRETKEY: secret,
+    }
+
 
 class CoreClient:
     """Requests out over one DEALER; Welcome, Step, Rejected, Embedded and Stats routed back.
@@ -49,7 +81,17 @@ class CoreClient:
     neither the old one nor its requests, and nothing queued for the dead core reaches it).
     """
 
-    def __init__(self, address: str, *, heartbeat_s: float = 1.0, silence_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        keys: CurveKeys = NO_KEYS,
+        heartbeat_s: float = 1.0,
+        silence_s: float = 10.0,
+    ) -> None:
+        check_protected(address, keys, "frontend")
+        self._curve = curve_options(keys)
+        self._refused_logged = False
         self.address = address
         self._heartbeat_s = heartbeat_s
         self._silence_s = silence_s
@@ -136,10 +178,10 @@ class CoreClient:
             if future in self._stats:
                 self._stats.remove(future)
 
-    def shutdown_core(self) -> None:
-        """Ask the core to drain and exit (the frontend that spawned it only)."""
+    def shutdown_core(self, token: str) -> None:
+        """Ask the core to drain and exit; it obeys only the token its spawner gave it."""
         self._core_stopping = True
-        self._send(ShutdownCore())
+        self._send(ShutdownCore(token))
 
     def lose(self, reason: str) -> None:
         """The core is gone: fail everything waiting on it and connect afresh."""
@@ -188,7 +230,9 @@ class CoreClient:
             self.identity = f"fe-{os.getpid()}-{next(self._connections)}"
             socket.setsockopt(zmq.IDENTITY, self.identity.encode())
             socket.setsockopt(zmq.LINGER, 0)
-            monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            for option, value in self._curve.items():
+                socket.setsockopt(option, value)
+            monitor = socket.get_monitor_socket(_MONITORED)
             socket.connect(self.address)
             self._outbox = asyncio.Queue()  # what was meant for the lost core is dropped
             self._lost.clear()
@@ -228,11 +272,16 @@ class CoreClient:
                 self._send(GetStats())
 
     async def _hang_up(self, monitor: zmq.asyncio.Socket) -> None:
-        """The core's end closed (it died, or exited): lost now, not after `silence_s`."""
-        await monitor.recv_multipart()  # the only event it reports: EVENT_DISCONNECTED
+        """The core's end closed (it died, or exited), or it refused our CURVE handshake:
+        lost now, not after `silence_s`."""
+        event = zmq.utils.monitor.parse_monitor_message(await monitor.recv_multipart())
+        refused = bool(event["event"] & _REFUSED)
+        if refused and not self._refused_logged:
+            log.error("the engine core at %s refused our CURVE key; retrying", self.address)
+            self._refused_logged = True
         if self._welcome is None:  # no handshake yet: never spin on a peer that hangs up
             await asyncio.sleep(self._heartbeat_s)
-        self.lose("its connection closed")
+        self.lose("it refused our key" if refused else "its connection closed")
 
     async def _write(self, socket: zmq.asyncio.Socket) -> None:
         outbox = self._outbox

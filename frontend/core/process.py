@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import logging
 import os
+import secrets
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -19,8 +21,9 @@ _MAX_RESPAWN_DELAY_S = 30.0
 
 
 def core_argv(config_path: str | None) -> list[str]:
-    """`python -m enginecore [--config PATH]` with this interpreter; same environment."""
-    argv = [sys.executable, "-m", "enginecore"]
+    """`python -m enginecore [--config PATH]` with this interpreter; same environment. The
+    core reads its owner token (what its ShutdownCore must carry) from stdin."""
+    argv = [sys.executable, "-m", "enginecore", "--owner-stdin"]
     return argv if config_path is None else [*argv, "--config", config_path]
 
 
@@ -56,6 +59,7 @@ class CoreProcess:
     ) -> None:
         self._argv = list(argv)
         self._client = client
+        self._token = secrets.token_hex(16)  # only this frontend can tell the core to stop
         self._respawn_delay_s = respawn_delay_s
         self._stop_timeout_s = stop_timeout_s
         self._proc: asyncio.subprocess.Process | None = None
@@ -84,7 +88,7 @@ class CoreProcess:
         proc = self._proc
         if proc is not None and proc.returncode is None:
             if self._client.ready:
-                self._client.shutdown_core()
+                self._client.shutdown_core(self._token)
             else:
                 proc.terminate()
             try:
@@ -106,7 +110,14 @@ class CoreProcess:
             self._proc.kill()
 
     async def _spawn(self) -> None:
-        self._proc = await asyncio.create_subprocess_exec(*self._argv, preexec_fn=self._pre_exec)
+        self._proc = await asyncio.create_subprocess_exec(
+            *self._argv, stdin=asyncio.subprocess.PIPE, preexec_fn=self._pre_exec
+        )
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(f"{self._token}\n".encode())
+        with contextlib.suppress(ConnectionError):  # a core that died at once is seen later
+            await self._proc.stdin.drain()
+        self._proc.stdin.close()
         log.info("engine core spawned: pid %d: %s", self._proc.pid, " ".join(self._argv))
 
     async def _watch(self) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from shared.config import Config, ConfigError, EngineConfig, load, parse_listen
+from shared.core_link import runtime_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,4 +92,4 @@ def test_bad_keys_and_values_are_refused_naming_the_key(
 def test_core_address_defaults_to_an_ipc_socket_named_by_the_port() -> None:
     cfg = load(None, {"TL_ENGINE__HTTP_LISTEN": ":8123"}).engine
     assert cfg.resolved_core_address.startswith("ipc://")
-    assert cfg.resolved_core_address.endswith("tl-serve-core-8123.sock")
+    assert cfg.resolved_core_address == f"ipc://{runtime_dir() / 'core-8123.sock'}"
