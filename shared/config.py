@@ -62,6 +62,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     curve_authorized_keys: str = ""  # directory of the frontends' public certificates (core)
     client_timeout_s: float = 10.0
     drain_timeout_s: float = 30.0
+    core_stall_timeout_s: float = 60.0  # a spawned core with work and no step this long is killed
+    unhealthy_after_s: float = 120.0  # /healthz fails after this long with no core; 0 = never
     num_threads: int = 0  # compute threads of the core; 0 = all cores
     # test knobs
     step_delay_ms: int = 0
@@ -96,8 +98,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 raise ValueError(f"{key} must be >= 0")
         if self.client_timeout_s <= 0:
             raise ValueError("client_timeout_s must be > 0")
-        if self.drain_timeout_s < 0:
-            raise ValueError("drain_timeout_s must be >= 0")
+        for key in ("drain_timeout_s", "core_stall_timeout_s", "unhealthy_after_s"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be >= 0")
         if self.spec_ngram_min > self.spec_ngram_max:
             raise ValueError("spec_ngram_min must be <= spec_ngram_max")
         if self.block_size & (self.block_size - 1):

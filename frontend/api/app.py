@@ -12,7 +12,7 @@ from aiohttp import web
 from frontend.api.completions import PING_INTERVAL_S, CompletionRoutes
 from frontend.api.drain_gate import DrainGate
 from frontend.api.embeddings import EmbeddingRoutes
-from frontend.api.health import HealthRoutes, healthz
+from frontend.api.health import HealthRoutes, Liveness
 from frontend.api.metrics import Metrics
 from frontend.api.middleware import error_middleware, guard_middleware, stamp_request_id
 from frontend.api.models import ModelRoutes
@@ -80,13 +80,14 @@ def make_api_app(
     embeddings = EmbeddingRoutes(core, model, converter)
     tokenize = TokenizeRoutes(converter)
     models = ModelRoutes(model)
+    liveness = Liveness(core, config.unhealthy_after_s)
     app.router.add_post("/v1/chat/completions", completions.chat)
     app.router.add_post("/v1/completions", completions.completions)
     app.router.add_post("/v1/embeddings", embeddings.embeddings)
     app.router.add_post("/v1/tokenize", tokenize.tokenize)
     app.router.add_get("/v1/models", models.models)
     app.router.add_get("/v1/models/{model_id:.+}", models.model)
-    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/healthz", liveness.healthz)
     app.cleanup_ctx.append(core_context(core, services.process))
     return app
 
@@ -98,7 +99,8 @@ def make_health_app(services: Services) -> web.Application:
     health = HealthRoutes(
         services.core, services.drain_gate, services.metrics, peers=services.peers
     )
-    app.router.add_get("/healthz", healthz)
+    liveness = Liveness(services.core, services.config.unhealthy_after_s)
+    app.router.add_get("/healthz", liveness.healthz)
     app.router.add_get("/readyz", health.readyz)
     app.router.add_get("/metrics", health.metrics)
     return app
