@@ -32,6 +32,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     api_keys: tuple[str, ...] = ()  # empty = no auth
     max_body_bytes: int = 4 * 1024 * 1024
     max_messages: int = 1024
+    max_embedding_inputs: int = 2048  # inputs of one embeddings request
+    max_embedding_tokens: int = 65536  # tokens of one embeddings request, all inputs together
     # admission (global, in the core)
     queue_capacity: int = 256
     queue_deadline_ms: int = 60_000
@@ -78,6 +80,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             "kv_cache_bytes",
             "max_body_bytes",
             "max_messages",
+            "max_embedding_inputs",
+            "max_embedding_tokens",
             "spec_num_tokens",
             "spec_ngram_max",
             "spec_ngram_min",

@@ -73,7 +73,13 @@ def make_api_app(
         ],
     )
     app.on_response_prepare.append(stamp_request_id)
-    converter = Converter(model, core.require_welcome, max_messages=config.max_messages)
+    converter = Converter(
+        model,
+        core.require_welcome,
+        max_messages=config.max_messages,
+        max_embedding_inputs=config.max_embedding_inputs,
+        max_embedding_tokens=config.max_embedding_tokens,
+    )
     completions = CompletionRoutes(
         core, model, converter, services.metrics, ping_interval_s=ping_interval_s
     )
