@@ -31,7 +31,12 @@ def unavailable(reason: str) -> ServingError:
 
 
 class RequestStream:
-    """TokenEvents of one rid until one carries a finish, or a single ServingError."""
+    """TokenEvents of one rid until one carries a finish, or a single ServingError.
+
+    A handler that lags behind the core (its client reads slowly) finds one event holding
+    every token that came meanwhile, not one event per step: what waits for a slow reader is
+    bounded by its token count, and it catches up in one write.
+    """
 
     __slots__ = ("_items", "_wakeup", "closed", "rid")
 
@@ -41,8 +46,17 @@ class RequestStream:
         self._wakeup = asyncio.Event()
         self.closed = False  # the core is done with this rid: finished, refused, aborted or lost
 
+    @property
+    def pending(self) -> int:
+        """Items put and not yet taken."""
+        return len(self._items)
+
     def put(self, item: Item) -> None:
-        self._items.append(item)
+        last = self._items[-1] if self._items else None
+        if isinstance(item, TokenEvent) and isinstance(last, TokenEvent):
+            _merge(last, item)
+        else:
+            self._items.append(item)
         if isinstance(item, ServingError) or item.finish is not None:
             self.closed = True
         self._wakeup.set()
@@ -58,3 +72,14 @@ class RequestStream:
                 if not self._items:
                     return None
         return self._items.popleft()
+
+
+def _merge(into: TokenEvent, later: TokenEvent) -> None:
+    """Fold a later event of the same request into one not yet taken (the counts of the first
+    event stay: they are the prompt's)."""
+    into.token_ids.extend(later.token_ids)
+    if later.logprobs is not None:
+        if into.logprobs is None:
+            into.logprobs = []
+        into.logprobs.extend(later.logprobs)
+    into.finish = later.finish
