@@ -3,9 +3,9 @@ PY ?= .venv/bin/python
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: setup install model gateway fmt lint type test test-all check serve bench
+.PHONY: setup install model testdata gateway fmt lint type test test-all check serve bench
 
-setup: install model
+setup: install model testdata
 
 install: .venv/.installed
 .venv/.installed: pyproject.toml
@@ -16,6 +16,10 @@ install: .venv/.installed
 
 model: install
 	$(PY) deploy/fetch_model.py
+
+# llama.cpp's vocabularies with their test cases and real chat templates (tests/data/README.md)
+testdata: install
+	$(PY) -m tests.fixtures.llama_cpp_data
 
 # the gateway test runs a real nginx from the distribution's packages
 gateway:

@@ -11,7 +11,17 @@ from collections.abc import Iterable, Mapping
 # Special tokens that end a turn: llama.cpp's end-of-generation set, so a model whose metadata
 # names only one of them (or the wrong one) still stops where its chat format says it does.
 END_OF_GENERATION_TEXTS = frozenset(
-    {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>"}
+    {
+        "<|im_end|>",  # ChatML: Qwen, SmolLM, Hermes
+        "<|endoftext|>",
+        "<|eot_id|>",  # Llama 3: end of turn
+        "<|eom_id|>",  # Llama 3.1: end of a message that calls a built-in tool
+        "<|end_of_text|>",
+        "<end_of_turn>",  # Gemma 2 and 3
+        "<turn|>",  # Gemma 4
+        "<|tool_response>",  # Gemma 4: a tool call is written, its answer comes from outside
+        "<|end|>",  # Phi-3
+    }
 )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -12,22 +12,43 @@ from shared.gguf_file import gguf_reader
 
 # GGUF token types (llama.cpp's llama_token_type)
 NORMAL = 1
+UNKNOWN = 2
 CONTROL = 3
 USER_DEFINED = 4
 UNUSED = 5
+BYTE = 6  # SentencePiece's byte-fallback pieces, <0x00> .. <0xFF>
+
+# tokenizer.ggml.model values served: byte-level BPE, SentencePiece with byte fallback, and
+# Gemma 4's BPE over SentencePiece-style pieces; "hf" stands for a tokenizer.json
+GGUF_MODELS: Final = ("gpt2", "llama", "gemma4")
+# tokenizer.ggml.pre values served for a "gpt2" vocabulary (each names its split rule)
+BPE_PRE_TOKENIZERS: Final = ("default", "gpt-2", "smollm", "llama-bpe", "qwen2", "qwen35")
+# llama.cpp gives these chat-marker tokens of a Phi-3 vocabulary (by its general.name) an
+# rstrip: whitespace after one is part of it. tokenizer.json says so too; GGUF cannot.
+_PHI3_NAMES: Final = ("phi-3", "phi3")
+_PHI3_NO_RSTRIP: Final = frozenset({"<unk>", "<s>", "<|endoftext|>"})
 
 
 class TokenizerMetadata(msgspec.Struct, frozen=True):
     """The tokenizer and chat-format facts of one model, from a .gguf file or a HF directory."""
 
+    model: str  # GGUF tokenizer.ggml.model (one of GGUF_MODELS), or "hf" for tokenizer.json
     tokens: list[str]  # token text by id
     token_types: list[int]  # GGUF token type by id (NORMAL, CONTROL, USER_DEFINED, ...)
+    scores: list[float]  # SentencePiece piece scores by id ("llama" vocabularies), else []
     merges: list[str]  # BPE merges, "left right"
-    pre_tokenizer: str  # GGUF tokenizer.ggml.pre ("smollm", "gpt2", ...); "hf" for tokenizer.json
+    pre_tokenizer: str  # GGUF tokenizer.ggml.pre ("smollm", "llama-bpe", ...); "hf": tokenizer.json
+    byte_level: bool  # token text in GPT-2's byte alphabet; else SentencePiece text (▁ = space)
+    add_space_prefix: bool  # SentencePiece: a space starts the text and each text after a special
     bos_id: int | None
+    eos_id: int | None  # the token add_eos appends
+    unk_id: int | None
     eos_ids: list[int]  # sorted, unique: every token that ends generation (shared/eos.py)
+    rstrip_ids: list[int]  # special tokens that take the whitespace after them
     chat_template: str | None
-    add_bos: bool
+    tool_use_template: str | None  # the template to render with when a request has tools
+    add_bos: bool  # encoding with special tokens prepends BOS
+    add_eos: bool  # ... and appends EOS
     bos_token: str  # "" if none
     eos_token: str  # "" if none
     tokenizer_json: str | None  # raw tokenizer.json text (HF directories only)
@@ -43,8 +64,9 @@ def read_tokenizer_metadata(path: Path) -> TokenizerMetadata:
 
 
 def _end_of_generation(tokens: list[str], token_types: list[int], ids: set[int]) -> list[int]:
+    kinds = (CONTROL, USER_DEFINED)
     specials = {
-        i: t for i, (t, k) in enumerate(zip(tokens, token_types, strict=True)) if k == CONTROL
+        i: t for i, (t, k) in enumerate(zip(tokens, token_types, strict=True)) if k in kinds
     }
     return end_of_generation_ids(ids, specials)
 
@@ -56,6 +78,34 @@ def _checked_id(path: Path, key: str, value: int, num_tokens: int) -> int:
 
 
 # --- GGUF ---------------------------------------------------------------------------------
+
+
+def _served_vocabulary(path: Path, model: object, pre: str) -> str:
+    """The tokenizer.ggml.model, if this server tokenizes it (with this pre-tokenizer)."""
+    if model not in GGUF_MODELS:
+        raise ValueError(
+            f"{path}: tokenizer.ggml.model = {model!r} is not served (served: 'gpt2', byte-level"
+            " BPE; 'llama', SentencePiece; 'gemma4')"
+        )
+    if model == "gpt2" and pre not in BPE_PRE_TOKENIZERS:
+        served = ", ".join(repr(p) for p in BPE_PRE_TOKENIZERS)
+        raise ValueError(
+            f"{path}: tokenizer.ggml.pre = {pre!r} is a pre-tokenizer this server does not"
+            f" know; its ids would be wrong (served: {served})"
+        )
+    return str(model)
+
+
+def _phi3_rstrip_ids(name: str, tokens: list[str], token_types: list[int]) -> list[int]:
+    if not any(n in name.lower() for n in _PHI3_NAMES):
+        return []
+    kinds = (CONTROL, USER_DEFINED, UNKNOWN)
+    pairs = zip(tokens, token_types, strict=True)
+    return [
+        i
+        for i, (t, k) in enumerate(pairs)
+        if (k in kinds and t not in _PHI3_NO_RSTRIP) or t == "</s>"
+    ]
 
 
 def _read_gguf(path: Path) -> TokenizerMetadata:
@@ -72,22 +122,26 @@ def _read_gguf(path: Path) -> TokenizerMetadata:
         except UnicodeDecodeError as e:
             raise ValueError(f"{path}: GGUF metadata {key} is not valid UTF-8") from e
 
-    model = field("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ValueError(
-            f"{path}: tokenizer.ggml.model = {model!r}; only 'gpt2' (byte-level BPE) is supported"
-        )
+    pre = field("tokenizer.ggml.pre", required=False) or "default"
+    model = _served_vocabulary(path, field("tokenizer.ggml.model"), pre)
     num = len(tokens := field("tokenizer.ggml.tokens"))
     token_types: list[int] = field("tokenizer.ggml.token_type", required=False) or [NORMAL] * num
     if len(token_types) != num:
         raise ValueError(f"{path}: {len(token_types)} token types for {num} tokens")
+    scores: list[float] = field("tokenizer.ggml.scores", required=False) or []
+    if model == "llama" and len(scores) != num:
+        raise ValueError(f"{path}: {len(scores)} token scores for {num} SentencePiece tokens")
     merges: list[str] = field("tokenizer.ggml.merges", required=False) or []
-    if any(len(m.split(" ")) != 2 for m in merges):
+    if any(m.find(" ", 1) < 0 for m in merges):
         raise ValueError(f"{path}: tokenizer.ggml.merges holds an entry that is not 'a b'")
 
     def token_id(key: str) -> int | None:
         value = field(key, required=False)
         return None if value is None else _checked_id(path, key, int(value), num)
+
+    def flag(key: str, default: bool) -> bool:
+        value = field(key, required=False)
+        return default if value is None else bool(value)
 
     bos_id = token_id("tokenizer.ggml.bos_token_id")
     eos_id = token_id("tokenizer.ggml.eos_token_id")
@@ -95,15 +149,27 @@ def _read_gguf(path: Path) -> TokenizerMetadata:
     named = {eos_id, *(token_id(key) for key in ends)}
     eos_ids = _end_of_generation(tokens, token_types, {i for i in named if i is not None})
     eos_id = eos_ids[0] if eos_id is None and eos_ids else eos_id
+    # llama.cpp's defaults where the file says nothing: SentencePiece and Llama 3 vocabularies
+    # start with BOS; Gemma 4 always does (its files may say false)
+    adds_bos = model != "gpt2" or pre == "llama-bpe"
     return TokenizerMetadata(
+        model=model,
         tokens=tokens,
         token_types=[int(t) for t in token_types],
+        scores=[float(s) for s in scores],
         merges=merges,
-        pre_tokenizer=field("tokenizer.ggml.pre", required=False) or "default",
+        pre_tokenizer=pre,
+        byte_level=model == "gpt2",
+        add_space_prefix=flag("tokenizer.ggml.add_space_prefix", model == "llama"),
         bos_id=bos_id,
+        eos_id=eos_id,
+        unk_id=token_id("tokenizer.ggml.unknown_token_id"),
         eos_ids=eos_ids,
+        rstrip_ids=_phi3_rstrip_ids(field("general.name", False) or "", tokens, token_types),
         chat_template=field("tokenizer.chat_template", required=False),
-        add_bos=bool(field("tokenizer.ggml.add_bos_token", required=False)),
+        tool_use_template=field("tokenizer.chat_template.tool_use", required=False),
+        add_bos=model == "gemma4" or flag("tokenizer.ggml.add_bos_token", adds_bos),
+        add_eos=flag("tokenizer.ggml.add_eos_token", False),
         bos_token="" if bos_id is None else tokens[bos_id],
         eos_token="" if eos_id is None else tokens[eos_id],
         tokenizer_json=None,
@@ -128,6 +194,7 @@ class _TokenizerJson(msgspec.Struct):
     model: _TokenizerModel
     added_tokens: list[_AddedToken] = []
     post_processor: dict[str, Any] | None = None
+    decoder: dict[str, Any] | None = None
 
 
 class _NamedTemplate(msgspec.Struct):
@@ -139,7 +206,9 @@ class _TokenizerConfig(msgspec.Struct):
     chat_template: str | list[_NamedTemplate] | None = None
     bos_token: str | _AddedToken | None = None
     eos_token: str | _AddedToken | None = None
+    unk_token: str | _AddedToken | None = None
     add_bos_token: bool | None = None
+    add_eos_token: bool | None = None
     added_tokens_decoder: dict[str, _AddedToken] = {}
 
 
@@ -167,11 +236,12 @@ def _token_text(token: str | _AddedToken | None) -> str:
     return token.content if isinstance(token, _AddedToken) else (token or "")
 
 
-def _template(config: _TokenizerConfig) -> str | None:
+def _templates(config: _TokenizerConfig) -> tuple[str | None, str | None]:
+    """The default chat template and the one for requests with tools (None: the default)."""
     if isinstance(config.chat_template, list):
         named = {t.name: t.template for t in config.chat_template}
-        return named.get("default")
-    return config.chat_template
+        return named.get("default"), named.get("tool_use")
+    return config.chat_template, None
 
 
 def _as_ids(value: int | list[int] | None) -> list[int]:
@@ -180,14 +250,23 @@ def _as_ids(value: int | list[int] | None) -> list[int]:
     return [value] if isinstance(value, int) else value
 
 
-def _adds_bos(doc: _TokenizerJson, bos_token: str) -> bool:
-    """Whether tokenizer.json's post-processor puts the BOS token first in a single sequence."""
-    processor = doc.post_processor or {}
-    # a Sequence (e.g. [ByteLevel, TemplateProcessing]) adds BOS if any member does
-    members = processor.get("processors") if processor.get("type") == "Sequence" else [processor]
-    singles = [m.get("single") for m in members or [] if isinstance(m, dict)]
-    firsts = [s[0] for s in singles if isinstance(s, list) and s and isinstance(s[0], dict)]
-    return any(f.get("SpecialToken", {}).get("id") == bos_token for f in firsts if bos_token)
+def _members(node: dict[str, Any] | None, key: str) -> list[dict[str, Any]]:
+    """A tokenizer.json component, or the members of its Sequence."""
+    node = node or {}
+    members = node.get(key) if node.get("type") == "Sequence" else [node]
+    return [m for m in members or [] if isinstance(m, dict)]
+
+
+def _post_processor_adds(doc: _TokenizerJson, token: str, end: int) -> bool:
+    """Whether tokenizer.json's post-processor puts `token` first (end 0) or last (end -1) in
+    a single sequence (a Sequence, e.g. [ByteLevel, TemplateProcessing], if any member does)."""
+    singles = [m.get("single") for m in _members(doc.post_processor, "processors")]
+    ends = [s[end] for s in singles if isinstance(s, list) and s and isinstance(s[end], dict)]
+    return any(e.get("SpecialToken", {}).get("id") == token for e in ends if token)
+
+
+def _byte_level_decoder(doc: _TokenizerJson) -> bool:
+    return any(m.get("type") == "ByteLevel" for m in _members(doc.decoder, "decoders"))
 
 
 def _vocabulary(
@@ -258,23 +337,34 @@ def _read_hf_dir(path: Path) -> TokenizerMetadata:
         tokens, token_types, {*named, *([] if eos_id is None else [eos_id])}
     )
     bos_token = "" if bos_id is None else tokens[bos_id]
+    eos_token = "" if eos_id is None else tokens[eos_id]
 
     # generation_config.json's template wins over the tokenizer's
-    chat_template = gen_config.chat_template or _template(tok_config)
+    chat_template, tool_use_template = _templates(tok_config)
+    chat_template = gen_config.chat_template or chat_template
     jinja_path = path / "chat_template.jinja"
     if chat_template is None and jinja_path.is_file():
         chat_template = jinja_path.read_text(encoding="utf-8")
-    add_bos = tok_config.add_bos_token
+    add_bos, add_eos = tok_config.add_bos_token, tok_config.add_eos_token
     return TokenizerMetadata(
+        model="hf",
         tokens=tokens,
         token_types=token_types,
+        scores=[],
         merges=[m if isinstance(m, str) else " ".join(m) for m in doc.model.merges],
         pre_tokenizer="hf",
+        byte_level=_byte_level_decoder(doc),
+        add_space_prefix=False,  # tokenizer.json's normalizer says so itself
         bos_id=bos_id,
+        eos_id=eos_id,
+        unk_id=special_id(tok_config.unk_token),
         eos_ids=eos_ids,
+        rstrip_ids=[],  # tokenizer.json's added tokens carry their own
         chat_template=chat_template,
-        add_bos=_adds_bos(doc, bos_token) if add_bos is None else add_bos,
+        tool_use_template=tool_use_template,
+        add_bos=_post_processor_adds(doc, bos_token, 0) if add_bos is None else add_bos,
+        add_eos=_post_processor_adds(doc, eos_token, -1) if add_eos is None else add_eos,
         bos_token=bos_token,
-        eos_token="" if eos_id is None else tokens[eos_id],
+        eos_token=eos_token,
         tokenizer_json=tokenizer_json,
     )

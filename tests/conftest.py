@@ -9,6 +9,7 @@ from typing import NamedTuple
 import pytest
 
 from shared.config import BUNDLED_MODEL
+from tests.fixtures import llama_cpp_data
 from tests.fixtures import tiny_model as tm
 
 SUCC_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
@@ -41,6 +42,16 @@ def missing_bundled_model(path: Path) -> None:
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+def require_llama_cpp_data() -> Path:
+    """llama.cpp's vocabularies and templates (`make testdata`); skipped without, failed under CI."""
+    if not (llama_cpp_data.ROOT / "COMPLETE").is_file():
+        message = f"llama.cpp test data not extracted ({llama_cpp_data.ROOT}); `make testdata`"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return llama_cpp_data.MODELS
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,10 @@ class ServedModel:
         """Read the model's metadata: tokenizer and chat template (DEFAULT_TEMPLATE if it has none)."""
         metadata = read_tokenizer_metadata(path)
         template = ChatTemplate(
-            metadata.chat_template or DEFAULT_TEMPLATE, metadata.bos_token, metadata.eos_token
+            metadata.chat_template or DEFAULT_TEMPLATE,
+            metadata.bos_token,
+            metadata.eos_token,
+            tool_use_source=metadata.tool_use_template,
         )
         return cls(model_id, Tokenizer(metadata), template)
 

@@ -18,6 +18,7 @@ import pytest
 from frontend.text.chat_template import ChatTemplate, TemplateError
 from shared.config import ConfigError, load
 from tests.conftest import TinyModels
+from tests.fixtures.byte_tokenizer import byte_unicode_chars
 from tests.fixtures.live_server import (
     LiveServer,
     default_engine,
@@ -31,6 +32,7 @@ from tests.fixtures.live_server import (
     wait_metrics,
     write_runtime_toml,
 )
+from tests.fixtures.vocab_gguf import write_vocab_gguf
 
 pytestmark = pytest.mark.integration
 
@@ -184,6 +186,25 @@ def test_template_errors_are_caught_at_parse(tiny: TinyModels, tmp_path: Path) -
         assert "chat template" in output, (why, output)
         assert "engine core spawned" not in output  # refused at load, before any core
         assert "Traceback" not in output, output
+
+
+@pytest.mark.parametrize(
+    ("model", "pre", "named"),
+    [
+        ("gpt2", "deepseek-coder", "tokenizer.ggml.pre = 'deepseek-coder'"),
+        ("t5", "default", "tokenizer.ggml.model = 't5'"),
+    ],
+)
+def test_unknown_tokenizer_is_refused_at_start(
+    tmp_path: Path, model: str, pre: str, named: str
+) -> None:
+    tokens = byte_unicode_chars()
+    path = write_vocab_gguf(tmp_path / "v.gguf", model, tokens, [1] * 256, pre=pre, merges=[])
+    code, output = run_frontend(tmp_path / "run", default_engine(path))
+    assert code != 0, output
+    assert named in output, output
+    assert "engine core spawned" not in output  # refused before any core
+    assert "Traceback" not in output, output
 
 
 # (keys added to the file, environment, what the refusal must name)

@@ -7,7 +7,6 @@ from datetime import datetime
 from pathlib import Path
 
 import jinja2
-import jinja2.sandbox
 import pytest
 
 from frontend.text.chat_template import (
@@ -21,6 +20,7 @@ from shared.tokenizer import Tokenizer
 from shared.tokenizer_metadata import TokenizerMetadata, read_tokenizer_metadata
 from tests.conftest import missing_bundled_model
 from tests.fixtures.chat_templates import LLAMA3, METHODS, MISTRAL, QWEN, SMOLLM_TEMPLATE, ZEPHYR
+from tests.fixtures.hf_chat_template import hf_render
 
 SMOLLM_GGUF = Path.home() / ".cache/tl-serve/SmolLM2-135M-Instruct.Q4_1.gguf"
 GREEDY = Path(__file__).resolve().parents[1] / "data" / "greedy.json"
@@ -234,26 +234,6 @@ def test_filter_names_in_strings_comments_and_raw_are_not_checked(source: str) -
     ChatTemplate(source, "", "")
 
 
-# transformers' apply_chat_template environment (its _compile_jinja_template), as the oracle
-def hf_jinja_render(source: str, **context: object) -> str:
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x: object, ensure_ascii: bool = False, indent: int | None = None,
-               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:  # fmt: skip
-        return json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-        )
-
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(source).render(**context)
-
-
 PARITY_CONVERSATIONS: list[list[dict[str, object]]] = [
     [{"role": "user", "content": "Hi"}],
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
@@ -282,7 +262,7 @@ def test_parity_with_jinja2(
     add_generation_prompt: bool,
     tools: list[dict[str, object]] | None,
 ) -> None:
-    expected = hf_jinja_render(
+    expected = hf_render(
         source, messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
         bos_token="<s>", eos_token="</s>",
     )  # fmt: skip
@@ -296,7 +276,7 @@ def test_parity_with_jinja2(
 )
 def test_parity_of_raise_exception_with_jinja2(messages: list[dict[str, object]]) -> None:
     with pytest.raises(jinja2.exceptions.TemplateError) as expected:
-        hf_jinja_render(MISTRAL, messages=messages, bos_token="<s>", eos_token="</s>")
+        hf_render(MISTRAL, messages, True, bos_token="<s>", eos_token="</s>")
     with pytest.raises(TemplateRenderError) as got:
         ChatTemplate(MISTRAL, "<s>", "</s>").render(messages, add_generation_prompt=True)
     assert got.value.message == str(expected.value)

@@ -1,5 +1,5 @@
 """Tokenizer: SmolLM2's GGUF against llama.cpp's reference ids, the tiny byte tokenizer, and
-the raw bytes of every token id."""
+the raw bytes of every token id (the other GGUF vocabularies: test_tokenizer_rules.py)."""
 
 from __future__ import annotations
 
@@ -142,14 +142,13 @@ def test_byte_tokenizer_adds_bos_only_when_asked(tmp_path: Path) -> None:
     assert tok.encode("<|im_start|>a", add_special_tokens=True) == [256, 97]
 
 
-def write_byte_gguf(path: Path, extra: list[str]) -> Path:
-    """The tiny GGUF models' layout: byte-level chars in byte order, no merges, control specials;
-    `extra` normal tokens after the specials."""
+def write_byte_gguf(path: Path) -> Path:
+    """The tiny GGUF models' layout: byte-level chars in byte order, no merges, control specials."""
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
-    w.add_token_list(byte_unicode_chars() + SPECIALS + extra)
-    w.add_token_types([NORMAL] * 256 + [CONTROL] * len(SPECIALS) + [NORMAL] * len(extra))
+    w.add_token_list(byte_unicode_chars() + SPECIALS)
+    w.add_token_types([NORMAL] * 256 + [CONTROL] * len(SPECIALS))
     w.add_token_merges([])
     w.add_eos_token_id(257)
     w.write_header_to_file()
@@ -160,19 +159,9 @@ def write_byte_gguf(path: Path, extra: list[str]) -> Path:
 
 
 def test_byte_tokenizer_from_gguf_metadata(tmp_path: Path) -> None:
-    tok = Tokenizer(read_tokenizer_metadata(write_byte_gguf(tmp_path / "byte.gguf", [])))
+    tok = Tokenizer(read_tokenizer_metadata(write_byte_gguf(tmp_path / "byte.gguf")))
     text = "a b<|im_end|>ü 12"
     ids = tok.encode(text)
     assert ids == [97, 32, 98, 257, *"ü".encode(), 32, 49, 50]
     assert tok.decode(ids) == text
     assert tok.eos_ids == [257, 258]
-
-
-def test_token_bytes_of_byte_fallback_and_sentencepiece_pieces(tmp_path: Path) -> None:
-    tok = Tokenizer(
-        read_tokenizer_metadata(write_byte_gguf(tmp_path / "byte.gguf", ["<0x0A>", "\u2581word"]))
-    )
-    first = 256 + len(SPECIALS)
-    assert tok.token_bytes(first) == b"\n"  # <0xNN>: the byte it names
-    assert tok.token_bytes(first + 1) == b" word"  # the word marker is a space
-    assert tok.token_bytes(ord("a")) == b"a"

@@ -8,6 +8,7 @@ from pathlib import Path
 import gguf
 import pytest
 
+from shared.tokenizer import Tokenizer
 from shared.tokenizer_metadata import CONTROL, NORMAL, USER_DEFINED, read_tokenizer_metadata
 from tests.fixtures.byte_tokenizer import byte_tokenizer_json, byte_unicode_chars
 
@@ -53,6 +54,9 @@ def test_smollm_gguf_metadata() -> None:
     # metadata eos (2) plus <|endoftext|> (0), the same stop set as the reference run
     assert metadata.eos_ids == [0, 2]
     assert metadata.add_bos is False
+    assert metadata.add_eos is False
+    assert (metadata.model, metadata.byte_level, metadata.add_space_prefix) == ("gpt2", True, False)
+    assert (metadata.eos_id, metadata.scores, metadata.rstrip_ids) == (2, [], [])
     assert metadata.tokenizer_json is None
     assert metadata.chat_template is not None
     assert metadata.chat_template.startswith("{% for message in messages %}")
@@ -83,7 +87,7 @@ def test_gguf_without_eos_metadata_takes_the_first_end_of_turn_token(tmp_path: P
 @pytest.mark.parametrize(
     ("model", "ids", "message"),
     [
-        ("llama", {}, "only 'gpt2'"),
+        ("bert", {}, "tokenizer.ggml.model = 'bert' is not served"),
         ("gpt2", {"eos_token_id": 5000}, "eos_token_id = 5000 is outside the vocabulary"),
     ],
 )
@@ -171,12 +175,11 @@ def test_hf_dir_minimal_and_template_fallbacks(tmp_path: Path) -> None:
             {"name": "default", "template": "d"},
         ]
     }
-    assert (
-        read_tokenizer_metadata(
-            write_hf_dir(tmp_path / "named", {"tokenizer_config.json": named})
-        ).chat_template
-        == "d"
+    with_tools = read_tokenizer_metadata(
+        write_hf_dir(tmp_path / "named", {"tokenizer_config.json": named})
     )
+    assert (with_tools.chat_template, with_tools.tool_use_template) == ("d", "t")
+    assert bare.tool_use_template is None
     jinja = read_tokenizer_metadata(
         write_hf_dir(tmp_path / "jinja", {"chat_template.jinja": "from file"})
     )
@@ -207,7 +210,29 @@ def test_hf_dir_add_bos_from_post_processor(tmp_path: Path) -> None:
     }
     root = write_hf_dir(tmp_path / "m", {"tokenizer_config.json": {"bos_token": "<|im_start|>"}})
     (root / "tokenizer.json").write_text(json.dumps(doc))
-    assert read_tokenizer_metadata(root).add_bos is True
+    metadata = read_tokenizer_metadata(root)
+    assert (metadata.add_bos, metadata.add_eos) == (True, False)
+    assert metadata.byte_level is True  # its decoder is ByteLevel
+    # the same template with EOS after the sequence: add_eos
+    single = doc["post_processor"]["processors"][1]["single"]
+    single.append({"SpecialToken": {"id": "<|im_end|>", "type_id": 0}})
+    config = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}
+    root = write_hf_dir(tmp_path / "eos", {"tokenizer_config.json": config})
+    (root / "tokenizer.json").write_text(json.dumps(doc))
+    metadata = read_tokenizer_metadata(root)
+    assert (metadata.add_bos, metadata.add_eos) == (True, True)
+    tok = Tokenizer(metadata)
+    assert tok.encode("a", add_special_tokens=True) == [256, 97, 257]
+    assert tok.encode("a") == [97]
+
+
+def test_hf_dir_sentencepiece_pieces_are_not_byte_level(tmp_path: Path) -> None:
+    doc = json.loads(byte_tokenizer_json(SPECIALS))
+    doc["decoder"] = {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"}]}
+    root = write_hf_dir(tmp_path / "m", {"tokenizer_config.json": {"add_eos_token": True}})
+    (root / "tokenizer.json").write_text(json.dumps(doc))
+    assert read_tokenizer_metadata(root).byte_level is False
+    assert read_tokenizer_metadata(root).add_eos is True
 
 
 @pytest.mark.parametrize(
