@@ -110,36 +110,29 @@ async def test_a_failed_request_in_the_core_ends_with_an_error_event(tiny: TinyM
         assert await ending_of(s, chat(max_tokens=500, ignore_eos=True)) == "error internal_error"
 
 
-async def test_a_failure_in_the_frontend_ends_with_an_error_event(
-    tiny: TinyModels, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("raised", "ending"),
+    [(RuntimeError, "error internal_error"), (ConnectionResetError, RESET)],
+    ids=["a-frontend-failure-is-an-error-event", "a-connection-error-on-an-open-connection-resets"],
+)
+async def test_a_failure_in_the_frontend_mid_stream(
+    tiny: TinyModels, monkeypatch: pytest.MonkeyPatch, raised: type[Exception], ending: str
 ) -> None:
+    """The ConnectionResetError case: one that is not the client's leaving (the connection is
+    still open) was taken for it, the handler returned, and aiohttp ended the chunked body
+    cleanly. (It fails once the stream holds its second token: the role chunk is out by then,
+    and a first content chunk too unless the two tokens came merged into one event.)"""
     push = Generation.push
 
     def failing_push(self: Generation, event: Any) -> Any:
+        piece = push(self, event)
         if self.num_tokens >= 2:
-            raise RuntimeError("injected")
-        return push(self, event)
+            raise raised("injected")
+        return piece
 
     monkeypatch.setattr(Generation, "push", failing_push)
-    async with serving(tiny.succ) as s:
-        assert await ending_of(s, chat(max_tokens=50)) == "error internal_error"
-
-
-async def test_a_connection_error_with_the_connection_open_resets_it(
-    tiny: TinyModels, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A ConnectionResetError that is not the client's leaving (the connection is still open)
-    was taken for it: the handler returned, and aiohttp ended the chunked body cleanly."""
-    push = Generation.push
-
-    def resetting_push(self: Generation, event: Any) -> Any:
-        if self.num_tokens >= 2:
-            raise ConnectionResetError("injected")
-        return push(self, event)
-
-    monkeypatch.setattr(Generation, "push", resetting_push)
-    async with serving(tiny.succ) as s:
-        assert await ending_of(s, chat(max_tokens=50)) == RESET
+    async with serving(tiny.succ, core=SLOW) as s:
+        assert await ending_of(s, chat(max_tokens=50)) == ending
 
 
 async def test_a_stream_in_flight_at_a_drain_finishes(tiny: TinyModels) -> None:
