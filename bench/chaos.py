@@ -37,7 +37,7 @@ import aiohttp
 from bench.load import first_model
 from bench.load_workload import words
 from bench.server_process import ROOT, ServerProcess, http_status, tl_serve
-from bench.soak import ACTIVE, USED, one_request, rss_mb, settled
+from bench.soak import ACTIVE, USED, attempt, rss_mb, settled, stream_body
 
 KILL_WINDOW_S = 3.0  # a request cut by a kill must end within this
 HANG_S = 120.0  # no request may take longer (the longest needs well under a minute)
@@ -124,23 +124,10 @@ async def client(index: int, url: str, model: str, stop_at: float, t0: float, ru
         n = 0
         while time.monotonic() < stop_at:
             n += 1
-            max_tokens = rng.randint(16, 128)
-            body = {
-                "model": model,
-                "messages": [{"role": "user", "content": f"Chaos {index}.{n}: {words(rng, 48)}"}],
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "ignore_eos": True,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
+            prompt = f"Chaos {index}.{n}: {words(rng, 48)}"
+            body = stream_body(model, prompt, rng.randint(16, 128))
             start = time.monotonic()
-            try:
-                outcome, detail, _ = await one_request(session, url, body, None)
-            except TimeoutError:
-                outcome, detail = "hang", f"no end in {HANG_S:.0f} s"
-            except aiohttp.ClientError as exc:
-                outcome, detail = "connection", f"{type(exc).__name__}: {exc}"
+            outcome, detail, _ = await attempt(session, url, body)
             end = time.monotonic()
             run.records.append(Record(start - t0, end - t0, outcome, detail[:200]))
             if outcome != "completed":
