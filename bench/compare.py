@@ -1,13 +1,22 @@
-"""tl-serve against llama.cpp servers on the same GGUF, one server at a time, on loopback.
+"""tl-serve against llama.cpp's llama-server on the same GGUF, one server at a time, on loopback.
 
-    NUMBA_CACHE_DIR=.cache/numba .venv/bin/python -m bench.compare [--llama-server PATH]
+    flock /tmp/tl-heavy.lock .venv/bin/python -m bench.compare [--model bundled] [--phases levels,overload,prefix]
 
-Runs the same tl-bench load (chat, streaming, 128 output tokens, temperature 0, a unique
-prompt per request) against tl-serve, llama-cpp-python's server (its own venv in
-.cache/llamacpp-venv, created when missing) and, when given, llama.cpp's llama-server; then
-tl-serve's overload answer (429s from a small queue) and the shared-prefix TTFT with the radix
-cache on and off. Writes bench/out/compare/ (JSON, logs), bench/results.png and
-bench/RESULTS.md. Takes 10-20 minutes (waiting for a quiet machine included); CI does not run it.
+Three phases, each runnable alone (`--phases`), every one a fresh start of each server:
+
+- levels: the same tl-bench load (chat, streaming, 128 output tokens, temperature 0, a unique
+  prompt per request) at concurrency 1, 4, 16 and 64 against tl-serve, llama-server
+  (`-t 2 -np 64 -c 64 x --ctx-per-slot`; tl-serve gets a KV cache of the same capacity in
+  tokens) and, when its venv exists, llama-cpp-python's server;
+- overload: 64 clients against 16 running requests (tl-serve: max_num_seqs 16, queue 8, 429
+  beyond; llama-server: 16 slots, everything else queued);
+- prefix: a shared ~1000-token system prompt, tl-serve's radix cache on and off, llama-server
+  (16 slots, its prompt cache on as by default).
+
+`--model` takes a bench.models name (bundled, Q4_K_M, Q8_0, 360M, 1.7B, ...) or a GGUF path.
+Results go to bench/out/compare/<model>/summary.json (a phase run replaces that phase only) and
+to that model's section of bench/RESULTS.md and its plot. Needs `python -m bench.llamacpp
+build` (or `--llama-server PATH`). CI does not run it.
 """
 
 from __future__ import annotations
@@ -16,195 +25,60 @@ import argparse
 import asyncio
 import datetime
 import json
-import resource
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from bench.compare_overload import overload
-from bench.compare_report import render
-from bench.server_process import (
-    LLAMACPP_VENV,
-    ROOT,
-    ServerProcess,
-    busy_cpu_s,
-    get_json,
-    llama_cpp_python,
-    llama_server,
-    post_json,
-    tl_serve,
-)
+from bench import llamacpp
+from bench.compare_load import PY, prefix_flags, run_levels, tl_bench, wait_quiet
+from bench.compare_overload import MAX_NUM_SEQS, TL_ENGINE, overload
+from bench.compare_report import results_path_for, write_results
+from bench.models import catalogue, resolve
+from bench.server_process import LLAMACPP_VENV, ROOT, llama_cpp_python, llama_server, tl_serve
+from shared.config import EngineConfig
 
-PY = str(ROOT / ".venv" / "bin" / "python")
-INPUT_LEN = "32:64"  # words of the unique user prompt, about one token each
-PREFIX_LEN = 1000
+PHASES = ("levels", "overload", "prefix")
+SLOTS = 64  # llama-server's -np at the levels: a slot for every stream of the highest level
+PREFIX_CTX = 2048  # per-slot context of the prefix phase: ~1000-token prompts and more
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n")[0])
-    p.add_argument("--levels", default="1:8,16:32,64:64", help="concurrency:requests, ...")
+    p.add_argument("--model", default="bundled", help="a bench.models name or a GGUF path")
+    p.add_argument("--phases", default=",".join(PHASES), help="any of " + ",".join(PHASES))
+    p.add_argument("--levels", default="1:8,4:16,16:32,64:64", help="concurrency:requests, ...")
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--max-seconds", type=float, default=240.0, help="cap per level")
-    p.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary")
-    p.add_argument("--llama-server-parallel", default="16,64", help="-np values to run")
+    p.add_argument("--llama-server", type=Path, help="default: the bench.llamacpp build's")
+    p.add_argument("--ctx-per-slot", type=int, default=1024, help="llama-server -c = -np x this")
     p.add_argument("--no-llama-cpp-python", action="store_true")
     p.add_argument("--wait-load", type=float, default=0.7, help="1-min loadavg before a server")
     p.add_argument(
         "--wait-others", type=float, default=0.15, help="others' cores to wait for before a level"
     )
+    p.add_argument(
+        "--retry-disturbed", type=int, default=2, help="repeats of a level others disturbed"
+    )
     p.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out" / "compare")
     p.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
-    p.add_argument("--plot", type=Path, default=ROOT / "bench" / "results.png")
     p.add_argument("--report-only", action="store_true", help="re-render from summary.json")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    unknown = set(args.phases.split(",")) - set(PHASES)
+    if unknown:
+        p.error(f"unknown phases {sorted(unknown)}; choose from {', '.join(PHASES)}")
+    return args
 
 
-def loadavg() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
-
-
-def wait_quiet(threshold: float, max_wait_s: float = 600.0) -> float:
-    """Wait until the 1-minute load average is below threshold (or give up); return it."""
-    deadline = time.monotonic() + max_wait_s
-    while (load := loadavg()) >= threshold and time.monotonic() < deadline:
-        time.sleep(5)
-    return load
-
-
-def ensure_llamacpp_venv() -> Path:
-    """The llama-cpp-python venv's interpreter; created with pip when it cannot import the server."""
-    python = LLAMACPP_VENV / "bin" / "python"
-    probe = [str(python), "-c", "import llama_cpp.server"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
-        return python
-    subprocess.run([sys.executable, "-m", "venv", str(LLAMACPP_VENV)], check=True)
-    pip = [str(python), "-m", "pip", "install", "llama-cpp-python[server]"]
-    print("building llama-cpp-python (10+ minutes on 2 cores):", shlex.join(pip), flush=True)
-    subprocess.run(pip, check=True)
-    return python
-
-
-def warm_up(server: ServerProcess) -> None:
-    """Two short requests, so neither server pays a first-request cost inside a level."""
-    model = get_json(server.base_url + "/v1/models")["data"][0]["id"]
-    for i in range(2):
-        body = {
-            "model": model,
-            "messages": [{"role": "user", "content": f"Warm-up {i}: name a colour."}],
-            "max_tokens": 8,
-            "temperature": 0,
-        }
-        post_json(server.base_url + "/v1/chat/completions", body)
-
-
-def wait_others_idle(server: ServerProcess, limit: float, max_wait_s: float = 600.0) -> float:
-    """Wait until processes other than the (idle) server use under `limit` cores over 3 s."""
-    deadline = time.monotonic() + max_wait_s
-    while True:
-        busy0, tree0 = busy_cpu_s(), server.tree_cpu_s()
-        time.sleep(3.0)
-        others = (busy_cpu_s() - busy0 - (server.tree_cpu_s() - tree0)) / 3.0
-        if others < limit or time.monotonic() > deadline:
-            return others
-
-
-def tl_bench(
-    server: ServerProcess, out: Path, args: argparse.Namespace, *flags: str
-) -> dict[str, Any]:
-    """One tl-bench invocation (its table goes to our stdout); the run's record for the report."""
-    argv = [
-        PY,
-        "-m",
-        "bench.load",
-        "--base-url",
-        server.base_url,
-        "--max-seconds",
-        f"{args.max_seconds:g}",
-        "--request-timeout",
-        f"{args.max_seconds:g}",
-        "--label",
-        server.label,
-        "--out",
-        str(out),
-        "--no-plot",
-        *flags,
-    ]
-    idle = wait_others_idle(server, args.wait_others)
-    load = loadavg()
-    print(f"\n$ {shlex.join(argv)}   (loadavg {load:.2f}, others {idle:.2f} cores)", flush=True)
-    t0, busy0, tree0 = time.monotonic(), busy_cpu_s(), server.tree_cpu_s()
-    ours0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(argv, check=True, cwd=ROOT)
-    ours1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # tl-bench's own CPU, once it exited
-    client = ours1.ru_utime + ours1.ru_stime - ours0.ru_utime - ours0.ru_stime
-    wall, server_cpu = time.monotonic() - t0, server.tree_cpu_s() - tree0
-    other = max(0.0, busy_cpu_s() - busy0 - server_cpu - client)
-    print(f"cpu: server {server_cpu / wall:.2f}, tl-bench {client / wall:.2f}, "
-          f"other processes {other / wall:.2f} cores", flush=True)  # fmt: skip
-    return {
-        "label": server.label,
-        "json": str(out),
-        "command": shlex.join(argv),
-        "loadavg": load,
-        "others_before": idle,
-        "server_cores": server_cpu / wall,
-        "client_cores": client / wall,
-        "other_cores": other / wall,
-    }
-
-
-def run_levels(
-    server: ServerProcess, args: argparse.Namespace, extra: dict[str, Any]
-) -> list[dict[str, Any]]:
-    """The comparison load at every level: same prompts per level (seed = concurrency) everywhere."""
-    warm_up(server)
-    runs = []
-    for spec in args.levels.split(","):
-        c, n = (int(x) for x in spec.split(":"))
-        name = server.label.replace(" ", "")
-        flags = [
-            "--concurrency", str(c),
-            "--num-requests", str(n),
-            "--input-len", INPUT_LEN,
-            "--output-len", str(args.output_len),
-            "--seed", str(c),
-        ]  # fmt: skip
-        if extra:
-            flags += ["--extra-body", json.dumps(extra)]
-        run = tl_bench(server, args.out_dir / f"{name}-c{c}.json", args, *flags)
-        runs.append(run | {"concurrency": c})
-    return runs
-
-
-def prefix_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Shared ~1000-token system prompt: TTFT with the radix prefix cache on and off."""
-    runs = []
-    for mode in ("radix", "none"):
-        wait_quiet(args.wait_load)
-        with tl_serve(args.out_dir, f"tl-serve prefix_cache={mode}", prefix_cache=mode) as server:
-            warm_up(server)
-            flags = [
-                "--concurrency", "1,16",
-                "--num-requests", "16",
-                "--shared-prefix-len", str(PREFIX_LEN),
-                "--input-len", "16",
-                "--output-len", "32",
-                "--seed", "100",
-            ]  # fmt: skip
-            out = args.out_dir / f"prefix-{mode}.json"
-            runs.append(tl_bench(server, out, args, *flags) | {"mode": mode})
-    return runs
+def model_key(name: str) -> str:
+    """The folder and section name of a model: its bench.models name, else the file's stem."""
+    return name if name in catalogue() else Path(name).stem
 
 
 def machine() -> dict[str, Any]:
     """CPU model, flags and core counts from /proc/cpuinfo; memory from /proc/meminfo."""
-    info: dict[str, str] = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
+    info = llamacpp.cpuinfo_fields(Path("/proc/cpuinfo").read_text())
     mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
     return {
         "cpu": info.get("model name", "?"),
@@ -216,10 +90,17 @@ def machine() -> dict[str, Any]:
     }
 
 
-def versions(llama_python: Path | None) -> dict[str, str]:
+def versions(llama_python: Path | None, server_binary: Path) -> dict[str, str]:
     code = "import sys, numpy, numba; print(sys.version.split()[0], numpy.__version__, numba.__version__)"
     py, np_, nb = subprocess.check_output([PY, "-c", code], text=True).split()
     out = {"python": py, "numpy": np_, "numba": nb}
+    server = subprocess.run([str(server_binary), "--version"], capture_output=True, text=True)
+    out["llama-server"] = " ".join((server.stderr or server.stdout).split())
+    build = llamacpp.find()
+    if build is not None and server_binary == build.bin("llama-server"):
+        out["llama.cpp"] = (
+            f"{llamacpp.PACKAGE} {build.manifest['version']} ({build.manifest['isa_tag']})"
+        )
     if llama_python is not None:
         get = "import llama_cpp; print(llama_cpp.__version__)"
         out["llama-cpp-python"] = subprocess.check_output(
@@ -232,48 +113,110 @@ def versions(llama_python: Path | None) -> dict[str, str]:
     return out
 
 
-def measure(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    """Every phase, one server at a time; the summary the report is rendered from."""
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    llama_python = None if args.no_llama_cpp_python else ensure_llamacpp_venv()
-    summary: dict[str, Any] = {
-        "command": "NUMBA_CACHE_DIR=.cache/numba .venv/bin/python -m bench.compare "
-        + shlex.join(argv),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": machine(),
-        "versions": versions(llama_python),
-        "runs": [],
-    }
+def llamacpp_python() -> Path | None:
+    """llama-cpp-python's venv interpreter when it can import the server (never built here)."""
+    python = LLAMACPP_VENV / "bin" / "python"
+    probe = [str(python), "-c", "import llama_cpp.server"]
+    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return python
+    return None
+
+
+def levels_phase(args: argparse.Namespace, model: Path, out: Path, binary: Path) -> dict[str, Any]:
+    """Every server at every level, one server at a time."""
+    blocks = -(-SLOTS * args.ctx_per_slot // EngineConfig().block_size)
+    runs = []
     wait_quiet(args.wait_load)
-    with tl_serve(args.out_dir) as server:
-        summary["runs"] += run_levels(server, args, {})
-    if llama_python is not None:
+    tl = tl_serve(out, "tl-serve", model_dir=str(model), num_kv_blocks=blocks)
+    try:
+        with tl as server:
+            runs += run_levels(server, args, {}, out)
+    except RuntimeError as e:  # it refuses the model (a weight type it does not serve, say)
+        log = tl.log_path.read_text(errors="replace").strip().splitlines()[-3:]
+        runs.append({"label": tl.label, "error": f"{e}; its log ends: {' | '.join(log)}"})
+    wait_quiet(args.wait_load)
+    label = f"llama-server -np {SLOTS}"
+    with llama_server(binary, out, model, SLOTS, args.ctx_per_slot, label=label) as server:
+        runs += run_levels(server, args, {}, out)
+    python = None if args.no_llama_cpp_python else llamacpp_python()
+    if python is not None:
         wait_quiet(args.wait_load)
-        with llama_cpp_python(args.out_dir) as server:
-            summary["runs"] += run_levels(server, args, {"min_tokens": args.output_len})
-    if args.llama_server is not None:
-        for np_ in (int(x) for x in args.llama_server_parallel.split(",")):
-            wait_quiet(args.wait_load)
-            with llama_server(args.llama_server, args.out_dir, np_) as server:
-                summary["runs"] += run_levels(server, args, {})
-    summary["overload"] = asyncio.run(overload(args.out_dir, wait_quiet(args.wait_load)))
-    summary["prefix"] = prefix_runs(args)
-    summary["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        with llama_cpp_python(out, model) as server:
+            runs += run_levels(server, args, {"min_tokens": args.output_len}, out)
+    return {"runs": runs, "kv_tokens": SLOTS * args.ctx_per_slot, "tl_kv_blocks": blocks}
+
+
+def overload_phase(
+    args: argparse.Namespace, model: Path, out: Path, binary: Path
+) -> dict[str, Any]:
+    """The same 64 clients against tl-serve's bounded admission and llama-server's 16 slots."""
+    load = wait_quiet(args.wait_load)
+    with tl_serve(out, "tl-serve overload", model_dir=str(model), **TL_ENGINE) as server:
+        results = [asyncio.run(overload(server, load)) | {"engine": TL_ENGINE}]
+    load = wait_quiet(args.wait_load)
+    label = f"llama-server -np {MAX_NUM_SEQS}"
+    with llama_server(binary, out, model, MAX_NUM_SEQS, args.ctx_per_slot, label=label) as server:
+        results.append(asyncio.run(overload(server, load)))
+    return {"results": results}
+
+
+def prefix_phase(args: argparse.Namespace, model: Path, out: Path, binary: Path) -> dict[str, Any]:
+    """Shared ~1000-token system prompt: tl-serve's radix cache on and off, and llama-server."""
+    runs = []
+    for mode in ("radix", "none"):
+        wait_quiet(args.wait_load)
+        label = f"tl-serve prefix_cache={mode}"
+        with tl_serve(out, label, model_dir=str(model), prefix_cache=mode) as server:
+            runs.append(tl_bench(server, out / f"prefix-{mode}.json", args, *prefix_flags()))
+    wait_quiet(args.wait_load)
+    ctx, label = max(args.ctx_per_slot, PREFIX_CTX), f"llama-server -np {MAX_NUM_SEQS}"
+    with llama_server(binary, out, model, MAX_NUM_SEQS, ctx, label=label) as server:
+        runs.append(tl_bench(server, out / "prefix-llama-server.json", args, *prefix_flags()))
+    return {"runs": runs}
+
+
+def measure(args: argparse.Namespace, argv: list[str], model: Path, out: Path) -> dict[str, Any]:
+    """The requested phases, merged into the model's summary.json (other phases kept)."""
+    binary = args.llama_server
+    if binary is None:
+        build = llamacpp.find()
+        if build is None:
+            sys.exit(f"no llama-server: {llamacpp.how_to_build()}, or pass --llama-server PATH")
+        binary = build.bin("llama-server")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    if summary.get("model") != str(model):
+        summary = {"model": str(model), "phases": {}}
+    run_phase = {"levels": levels_phase, "overload": overload_phase, "prefix": prefix_phase}
+    for phase in args.phases.split(","):
+        started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        record = run_phase[phase](args, model, out, binary)
+        summary["phases"][phase] = record | {
+            "command": "NUMBA_CACHE_DIR=.cache/numba .venv/bin/python -m bench.compare "
+            + shlex.join(argv),
+            "date": started,
+            "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "machine": machine(),
+            "versions": versions(None if args.no_llama_cpp_python else llamacpp_python(), binary),
+        }
+        path.write_text(json.dumps(summary, indent=2) + "\n")  # a finished phase is kept
     return summary
 
 
 def main(argv: list[str] | None = None) -> int:
     raw = sys.argv[1:] if argv is None else argv
     args = parse_args(raw)
+    key = model_key(args.model)
+    out = args.out_dir / key
     if args.report_only:
-        summary = json.loads((args.out_dir / "summary.json").read_text())
+        summary = json.loads((out / "summary.json").read_text())
     else:
-        summary = measure(args, raw)
+        summary = measure(args, raw, resolve(args.model), out)
     soak_json = args.out_dir.parent / "soak.json"
     soak = json.loads(soak_json.read_text()) if soak_json.exists() else None
-    args.results.write_text(render(summary, args.plot, args.results.parent, soak))
-    print(f"wrote {args.results} and {args.plot}")
+    write_results(args.results, key, summary, soak)
+    print(f"wrote {args.results} and {results_path_for(args.results, key)}")
     return 0
 
 

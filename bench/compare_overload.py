@@ -1,23 +1,24 @@
-"""The overload check: tl-serve with a small queue under 64 streams answers 429 at once.
+"""The overload check: 64 streams against 16 running requests.
 
-With max_num_seqs 16 and queue_capacity 8, at most 24 of 64 concurrent clients are admitted;
+tl-serve with max_num_seqs 16 and queue_capacity 8 admits at most 24 of 64 concurrent clients;
 the rest must be refused immediately (429) rather than wait in a queue that only grows.
+llama-server with 16 slots gets the same clients: it queues whatever does not fit a slot.
 The latency of each refusal comes from tl-bench's own per-request records.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from bench.load import first_model
 from bench.load_client import Progress, run_level
 from bench.load_stats import RequestRecord, dist_ms
 from bench.load_workload import LengthDist, Workload, stream_fields
-from bench.server_process import tl_serve
+from bench.server_process import ServerProcess
 
 QUEUE_CAPACITY = 8
-MAX_NUM_SEQS = 16
+MAX_NUM_SEQS = 16  # tl-serve's running requests, llama-server's slots
+TL_ENGINE = {"queue_capacity": QUEUE_CAPACITY, "max_num_seqs": MAX_NUM_SEQS}
 CONCURRENCY = 64
 REQUESTS = 128
 SEED = 7
@@ -49,34 +50,33 @@ def summarize(records: list[RequestRecord]) -> dict[str, Any]:
     }
 
 
-async def overload(log_dir: Path, load: float) -> dict[str, Any]:
-    """Run the check against a tl-serve it starts; the figures for the report."""
-    engine = {"queue_capacity": QUEUE_CAPACITY, "max_num_seqs": MAX_NUM_SEQS}
-    with tl_serve(log_dir, "tl-serve overload", **engine) as server:
-        model = await first_model(server.base_url)
-        workload = Workload(
-            endpoint="chat",
-            input_len=LengthDist(32, 64),
-            output_len=LengthDist(128, 128),
-            fields=stream_fields(model, 0.0, True),
-        )
-        progress = Progress(f"overload c={CONCURRENCY}", REQUESTS)
-        result = await run_level(
-            server.base_url + workload.path,
-            workload.bodies(REQUESTS, SEED),
-            concurrency=CONCURRENCY,
-            request_rate=None,
-            max_concurrency=None,
-            max_seconds=240.0,
-            timeout_s=240.0,
-            seed=SEED,
-            progress=progress,
-        )
-        progress.close()
+async def overload(server: ServerProcess, load: float) -> dict[str, Any]:
+    """Run the check against a started server; the figures for the report."""
+    model = await first_model(server.base_url)
+    workload = Workload(
+        endpoint="chat",
+        input_len=LengthDist(32, 64),
+        output_len=LengthDist(128, 128),
+        fields=stream_fields(model, 0.0, True),
+    )
+    progress = Progress(f"overload {server.label} c={CONCURRENCY}", REQUESTS)
+    result = await run_level(
+        server.base_url + workload.path,
+        workload.bodies(REQUESTS, SEED),
+        concurrency=CONCURRENCY,
+        request_rate=None,
+        max_concurrency=None,
+        max_seconds=240.0,
+        timeout_s=240.0,
+        seed=SEED,
+        progress=progress,
+    )
+    progress.close()
     figures = summarize(result.records)
-    print("overload:", figures, flush=True)
+    print(f"overload {server.label}:", figures, flush=True)
     return figures | {
-        "engine": engine,
+        "label": server.label,
+        "argv": server.argv,
         "concurrency": CONCURRENCY,
         "requests": REQUESTS,
         "duration_s": result.duration_s,

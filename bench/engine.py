@@ -7,9 +7,11 @@ Prints, on the bundled model:
   2. time to first token of a request sharing a 1,000-token prefix with an earlier one,
      prefix cache on and off;
   3. single-stream tokens/s with prompt lookup on and off (best of 3 runs each), on a task
-     that repeats its input and on one that does not.
+     that repeats its input and on one that does not;
+  4. llama.cpp's `llama-batched-bench` on the same GGUF and load (B = the levels, prompts of
+     --prompt-len tokens, --out-tokens generated), when `python -m bench.llamacpp build` ran.
 
-    python -m bench.engine [--levels 1,4,16,64] [--out bench/out/engine.json]
+    python -m bench.engine [--levels 1,4,16,64] [--prompt-len 32] [--out bench/out/engine.json]
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from bench.llama_bench import batched_bench_lines
 from frontend.text.chat_template import ChatTemplate
 from shared.config import BUNDLED_MODEL, EngineConfig
 from shared.protocol import (
@@ -47,7 +50,7 @@ from shared.tokenizer import Tokenizer
 from shared.tokenizer_metadata import read_tokenizer_metadata
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPT_LEN = 32  # tokens per request of the throughput levels
+PROMPT_LEN = 32  # tokens per request of the throughput levels (default of --prompt-len)
 REPEAT_RUNS = 3  # of the prompt-lookup task, per setting
 STEP_TOKENS = EngineConfig().max_num_batched_tokens  # the core's per-step token budget
 PARAGRAPH = (
@@ -176,21 +179,23 @@ def random_prompts(n: int, length: int, seed: int) -> list[list[int]]:
     return [rng.integers(100, 40000, length).tolist() for _ in range(n)]
 
 
-def throughput(levels: list[int], out_tokens: int) -> list[dict[str, float]]:
+def throughput(levels: list[int], prompt_len: int, out_tokens: int) -> list[dict[str, float]]:
     with Core() as core:
-        return _throughput(core, levels, out_tokens)
+        return _throughput(core, levels, prompt_len, out_tokens)
 
 
-def _throughput(core: Core, levels: list[int], out_tokens: int) -> list[dict[str, float]]:
+def _throughput(
+    core: Core, levels: list[int], prompt_len: int, out_tokens: int
+) -> list[dict[str, float]]:
     params = SamplingParams(max_tokens=out_tokens, temperature=0.0, ignore_eos=True)
     core.run(random_prompts(2, 32, 99), params)  # warm
     rows = []
     for c in levels:
         t0 = time.perf_counter()
-        r = core.run(random_prompts(c, PROMPT_LEN, c), params)
+        r = core.run(random_prompts(c, prompt_len, c), params)
         wall = time.perf_counter() - t0
         tok_s = sum(r["tokens"]) / wall
-        blas = blas_run_tokens_per_s(c, PROMPT_LEN, out_tokens)
+        blas = blas_run_tokens_per_s(c, prompt_len, out_tokens)
         rows.append({"concurrency": c, "tokens_per_s": tok_s, "ttft_p50_s": statistics.median(r["ttft"]),
                      "blas_matmul_tokens_per_s": blas, "ratio_to_blas": tok_s / blas})  # fmt: skip
         print(f"  {c:3d} concurrent: {tok_s:7.1f} tok/s   TTFT p50 {rows[-1]['ttft_p50_s'] * 1000:7.0f} ms   "
@@ -236,12 +241,21 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--levels", default="1,4,16,64")
+    parser.add_argument("--prompt-len", type=int, default=PROMPT_LEN, help="tokens per prompt")
     parser.add_argument("--out-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "engine.json")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
-    print(f"engine core over the protocol, {args.out_tokens} output tokens per request, greedy")
-    result: dict[str, object] = {"throughput": throughput(levels, args.out_tokens)}
+    print(
+        f"engine core over the protocol, {args.prompt_len}-token prompts, {args.out_tokens} output "
+        "tokens per request, greedy"
+    )
+    result: dict[str, object] = {"throughput": throughput(levels, args.prompt_len, args.out_tokens)}
+    twin = batched_bench_lines(
+        Path(BUNDLED_MODEL).expanduser(), args.prompt_len, args.out_tokens, levels
+    )
+    print("\n".join(twin))
+    result["llama_batched_bench"] = twin
     on, off = prefix_ttft("radix"), prefix_ttft("none")
     print(
         f"  TTFT with a shared 1,000-token prefix: cache on {on * 1000:.0f} ms, off {off * 1000:.0f} ms, {off / on:.1f}x"

@@ -1,21 +1,27 @@
 """Per-kernel microbenchmarks at the model's shapes, each beside plain numpy doing the same work.
 
-`python -m bench.kernels [--repeat N]`: best-of-N wall time per call, JIT warmed first. Numba
-kernels run with the process's numba threads (2 here); numpy uses OpenBLAS's 2 threads. A
-0.5 s pause before each timing lets the other side's idle threads stop spinning.
+`python -m bench.kernels [--repeat N] [--types Q4_K,Q6_K] [--only-matmuls]`: best-of-N wall
+time per call, JIT warmed first. Numba kernels run with the process's numba threads (2 here);
+numpy uses OpenBLAS's 2 threads. A 0.5 s pause before each numpy timing lets the other side's
+idle threads stop spinning.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import time
 from collections.abc import Callable
 
+import gguf
 import numpy as np
 
 from bench.model import timed
-from enginecore.kernels import attention, ops, quant
-from tests.unit.test_kernels import q4_1_random
+from enginecore import weights
+from enginecore.kernels import attention, dot, gemm, ops
+from enginecore.loader import gguf_types
+from enginecore.weights import Numerics, PackedMatrix
+from tests.fixtures.quant_blocks import random_blocks
 
 D, FFN, VOCAB, N_KV, HD, N_HEADS, BS = 576, 1536, 49152, 3, 64, 9, 16
 
@@ -29,29 +35,59 @@ def row(name: str, ours: float, numpy_ms: float) -> None:
     print(f"{name:<44} numba {ours:9.3f} ms   numpy {numpy_ms:9.3f} ms   x{numpy_ms / ours:5.2f}")
 
 
-def matmuls(repeat: int) -> None:
+def read_gb_per_s(repeat: int) -> float:
+    """Streaming read rate: OpenBLAS's 2-thread sgemv over 512 MB (twice the largest L3 seen)."""
+    a = np.ones((16384, 8192), np.float32)
+    x, y = np.ones(8192, np.float32), np.empty(16384, np.float32)
+    with gemm.numpy_blas_threads():
+        return a.nbytes / best_ms(lambda: np.matmul(a, x, out=y), repeat) / 1e6
+
+
+def quick_ms(fn: Callable[[], object], repeat: int) -> float:
+    fn()
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return min(ts) * 1e3
+
+
+MATMUL_ROWS = (1, 8, 512)
+
+
+def matmuls(repeat: int, types: list[str]) -> None:
+    """Each GGUF type, numerics and ISA path on a 3072 x 1536 matrix (gate_up-sized, K-quant
+    rows), n = 1 / 8 / 512 activation rows, beside numpy BLAS fp32 and the read bound."""
+    n_out, k = 3072, 1536
     rng = np.random.default_rng(0)
-    qs, d, m, dense64 = q4_1_random(3072, D)
-    dense = dense64.astype(np.float32)
-    for n in (1, 2, 4, 8, 16):
-        x = rng.standard_normal((n, D), np.float32)
-        xsum = np.empty((n, D // 32), np.float32)
-        out = np.empty((n, 3072), np.float32)
-
-        def q4(x: np.ndarray = x, xsum: np.ndarray = xsum, out: np.ndarray = out) -> None:
-            quant.block_sums(x, xsum)
-            quant.q4_1_matmul(x, xsum, qs, d, m, out)
-
-        row(f"q4_1_matmul gate_up (3072x576) n={n}", best_ms(q4, repeat),
-            best_ms(lambda x=x, out=out: np.matmul(x, dense.T, out=out), repeat))  # fmt: skip
-    q8 = rng.integers(-127, 128, (VOCAB, D)).astype(np.int8)
-    d8 = rng.random((VOCAB, D // 32), np.float32) * 0.01
-    head = np.empty((VOCAB, D), np.float32)
-    quant.dequantize_q8_0(q8, d8, head)
-    x = rng.standard_normal((1, D), np.float32)
-    out = np.empty((1, VOCAB), np.float32)
-    row("q8_0_matmul lm_head (49152x576) n=1", best_ms(lambda: quant.q8_0_matmul(x, q8, d8, out), repeat),
-        best_ms(lambda: np.matmul(x, head.T, out=out), repeat))  # fmt: skip
+    gbs = read_gb_per_s(repeat)
+    xs = {n: rng.standard_normal((n, k), np.float32) for n in MATMUL_ROWS}
+    outs = {n: np.empty((n, n_out), np.float32) for n in MATMUL_ROWS}
+    dense = rng.standard_normal((n_out, k), np.float32)
+    with gemm.numpy_blas_threads():
+        blas = {n: best_ms(lambda n=n: np.matmul(xs[n], dense.T, out=outs[n]), repeat)
+                for n in MATMUL_ROWS}  # fmt: skip
+    print(f"streaming read {gbs:.1f} GB/s; matmul {n_out}x{k}, ms per call (n=512: GMAC/s)")
+    print(f"{'numpy BLAS fp32':<30} {'':>8}   n=1 {blas[1]:7.3f}   n=8 {blas[8]:7.3f}   "
+          f"n=512 {n_out * k * 512 / blas[512] / 1e6:7.1f}")  # fmt: skip
+    for name in types:
+        qtype = gguf.GGMLQuantizationType[name]
+        dec = gguf_types.decode(qtype, random_blocks(qtype, n_out, k, rng))
+        for numerics in Numerics:
+            m = PackedMatrix.pack(name, dec, numerics)
+            bound = m.nbytes / gbs / 1e6
+            paths = dot.supported() if numerics.batch_invariant else [dot.SELECTED]
+            for isa in paths:
+                weights.ISA = isa
+                ms = {
+                    n: quick_ms(lambda n=n, m=m: m.matmul(xs[n], outs[n]), repeat)
+                    for n in MATMUL_ROWS
+                }
+                label = f"{name} {numerics} {isa.name if numerics.batch_invariant else ''}"
+                print(f"{label:<30} bound {bound:5.3f}   n=1 {ms[1]:7.3f}   n=8 {ms[8]:7.3f}   "
+                      f"n=512 {n_out * k * 512 / ms[512] / 1e6:7.1f}")  # fmt: skip
+    weights.ISA = dot.SELECTED
 
 
 def elementwise(repeat: int) -> None:
@@ -130,8 +166,15 @@ def attention_kernels(repeat: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument(
+        "--types", default=",".join(t.name for t in gguf_types.DECODERS),
+        help="GGUF types to time, comma-separated",
+    )  # fmt: skip
+    parser.add_argument("--only-matmuls", action="store_true")
     args = parser.parse_args()
-    matmuls(args.repeat)
+    matmuls(max(3, args.repeat // 4), args.types.split(","))
+    if args.only_matmuls:
+        return
     elementwise(args.repeat)
     attention_kernels(args.repeat)
 

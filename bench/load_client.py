@@ -26,13 +26,25 @@ async def send_one(
     timeout_s: float,
     deadline: float,
 ) -> RequestRecord:
-    """One streamed request, never raising: a failure is recorded by status or kind."""
+    """One streamed request, never raising: a failure is recorded by status or kind.
+
+    A pooled connection the server has just closed (llama-server closes each one after a
+    streamed answer, a race with its reuse) fails before any answer: the request is sent once
+    more, as HTTP clients do, on a new connection of its own (the pool's others may be closing
+    too), its time counted from the first try.
+    """
     record = RequestRecord()
     t0 = time.perf_counter()
     budget = min(timeout_s, deadline - t0)
     try:
         async with asyncio.timeout(budget):
-            await _stream(session, url, body, record, t0)
+            try:
+                await _stream(session, url, body, record, t0)
+            except aiohttp.ClientConnectionError:
+                if record.end or record.token_times:  # the answer had begun: a real failure
+                    raise
+                async with aiohttp.ClientSession() as fresh:
+                    await _stream(fresh, url, body, record, t0)
     except TimeoutError:
         record.failure = "deadline" if budget < timeout_s else "timeout"
     except aiohttp.ClientError as exc:

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.llama_bench import llama_bench_lines
 from enginecore.batch import Batch, SeqChunk
-from enginecore.kernels import gemm
+from enginecore.kernels import dot, gemm
 from enginecore.model_runner import ModelRunner
+from enginecore.weights import DenseMatrix, FusedMatrix, Matrix
 from shared.config import BUNDLED_MODEL, EngineConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,14 +41,31 @@ def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
     return min(ts), statistics.median(ts)
 
 
-def blas_same_matmuls(runner: ModelRunner, rows: int, sampled: int) -> Callable[[], None]:
-    """x @ W.T on the dense fp32 copies: every layer matrix for `rows`, lm_head for `sampled`."""
+def dense_copy(m: Matrix) -> np.ndarray:
+    """The fp32 weights of a matrix (the benchmark's BLAS reference; the engine keeps none)."""
+    if isinstance(m, DenseMatrix):
+        return m.w
+    if isinstance(m, FusedMatrix):
+        return np.concatenate([dense_copy(p) for p in m.parts])
+    out = np.empty(m.shape, np.float32)
+    m.gather(np.arange(m.shape[0], dtype=np.int32), out)
+    return out
+
+
+def blas_same_matmuls(
+    runner: ModelRunner, rows: int, sampled: int, dense: dict[int, np.ndarray]
+) -> Callable[[], None]:
+    """x @ W.T on dense fp32 copies: every layer matrix for `rows`, lm_head for `sampled`."""
     w = runner.weights
-    mats = [m.dense for lw in w.layers for m in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down)]
+    if not dense:
+        for m in [m for lw in w.layers for m in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down)]:
+            dense[len(dense)] = dense_copy(m)
+        dense[-1] = dense_copy(w.lm_head)
+    mats = [a for i, a in dense.items() if i >= 0]
     rng = np.random.default_rng(0)
     xs = {k: rng.standard_normal((rows, k), np.float32) for k in {m.shape[1] for m in mats}}
     outs = [np.empty((rows, m.shape[0]), np.float32) for m in mats]
-    head = w.lm_head.dense
+    head = dense[-1]
     hx = rng.standard_normal((sampled, head.shape[1]), np.float32)
     hout = np.empty((sampled, head.shape[0]), np.float32)
 
@@ -140,18 +159,35 @@ def main() -> None:
     parser.add_argument("--model", default=BUNDLED_MODEL)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument(
+        "--numerics", default=EngineConfig().numerics, choices=["exact", "int8", "int16"]
+    )
+    parser.add_argument(
+        "--kv-cache-dtype", default=EngineConfig().kv_cache_dtype, choices=["f32", "f16"]
+    )
+    parser.add_argument(
         "--llama-python",
         default=str(ROOT / ".cache" / "llamacpp-venv" / "bin" / "python"),
         help="a Python with llama-cpp-python, for the llama.cpp reference (bench/compare makes one)",
     )
     args = parser.parse_args()
     path = Path(args.model).expanduser()
-    runner = ModelRunner.from_path(path, BLOCK, FIRST_BLOCK + 64 * SEQ_BLOCKS, 0, 2048)
+    runner = ModelRunner.from_path(
+        path, BLOCK, FIRST_BLOCK + 64 * SEQ_BLOCKS, 0, 2048, args.numerics, args.kv_cache_dtype
+    )
     runner.warmup()
     rng = np.random.default_rng(0)
     for cache in (runner.cache.k, runner.cache.v):  # plausible contexts without a long prefill
-        cache[...] = rng.standard_normal(cache.shape[1:], np.float32)[None] * 0.5
-    print(f"{path.name}: {runner.cfg.num_layers} layers; best and median of {args.repeat}")
+        values = rng.standard_normal(cache.shape[1:], np.float32) * 0.5
+        cache[...] = (
+            values[None]
+            if cache.dtype == np.float32
+            else values.astype(np.float16).view(np.uint16)[None]
+        )
+    dense: dict[int, np.ndarray] = {}
+    print(
+        f"{path.name}: {runner.cfg.num_layers} layers, numerics {args.numerics}, KV "
+        f"{args.kv_cache_dtype}, integer path {dot.SELECTED.name}; best and median of {args.repeat}"
+    )
     for chunk in (512, 256):
         run = prefill_calls(runner, chunk)
         run()
@@ -159,17 +195,18 @@ def main() -> None:
             f"prefill 512 as {512 // chunk} x {chunk}",
             512,
             timed(run, args.repeat),
-            timed(blas_same_matmuls(runner, 512, 1), args.repeat),
+            timed(blas_same_matmuls(runner, 512, 1, dense), args.repeat),
         )
     for num_seqs in (1, 8, 32, 64):
         batches = [decode_batch(num_seqs, step, FIRST_BLOCK) for step in range(args.repeat)]
         runner.run(batches[0])
         it = iter(batches * 2)
         ours = timed(lambda it=it: runner.run(next(it)), args.repeat)  # type: ignore[misc]
-        blas = timed(blas_same_matmuls(runner, num_seqs, num_seqs), args.repeat)
+        blas = timed(blas_same_matmuls(runner, num_seqs, num_seqs, dense), args.repeat)
         report(f"decode B={num_seqs}", num_seqs, ours, blas)
     after_prefill(runner, args.repeat)
     llama_cpp_figures(path, args.repeat, args.llama_python)
+    print("\n".join(llama_bench_lines(path, args.repeat)))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from types import TracebackType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = Path("~/.cache/tl-serve/SmolLM2-135M-Instruct.Q4_1.gguf").expanduser()
 LLAMACPP_VENV = ROOT / ".cache" / "llamacpp-venv"
 STOP_GRACE_S = 60.0
 
@@ -183,7 +182,9 @@ def tl_serve(log_dir: Path, label: str = "tl-serve", **engine: object) -> Server
     )
 
 
-def llama_cpp_python(log_dir: Path, threads: int = 2, n_ctx: int = 4096) -> ServerProcess:
+def llama_cpp_python(
+    log_dir: Path, model: Path, threads: int = 2, n_ctx: int = 4096
+) -> ServerProcess:
     """llama-cpp-python's server on the same GGUF; one request at a time, never interrupted."""
     port = free_port()
     argv = [
@@ -191,7 +192,7 @@ def llama_cpp_python(log_dir: Path, threads: int = 2, n_ctx: int = 4096) -> Serv
         "-m",
         "llama_cpp.server",
         "--model",
-        str(MODEL),
+        str(model),
         "--host",
         "127.0.0.1",
         "--port",
@@ -214,13 +215,26 @@ def llama_cpp_python(log_dir: Path, threads: int = 2, n_ctx: int = 4096) -> Serv
     )
 
 
-def llama_server(binary: Path, log_dir: Path, parallel: int, threads: int = 2) -> ServerProcess:
-    """llama.cpp's own llama-server: `parallel` slots of 1024 tokens, continuous batching."""
+def llama_server(
+    binary: Path,
+    log_dir: Path,
+    model: Path,
+    parallel: int,
+    ctx_per_slot: int,
+    *,
+    label: str = "llama-server",
+    threads: int = 2,
+) -> ServerProcess:
+    """llama.cpp's own llama-server: `parallel` slots, continuous batching.
+
+    With -np given, this llama.cpp splits -c evenly over the slots (no unified KV cache unless
+    -kvu), so -c is parallel x ctx_per_slot: each request may hold ctx_per_slot tokens.
+    """
     port = free_port()
     argv = [
         str(binary),
         "-m",
-        str(MODEL),
+        str(model),
         "--host",
         "127.0.0.1",
         "--port",
@@ -232,12 +246,13 @@ def llama_server(binary: Path, log_dir: Path, parallel: int, threads: int = 2) -
         "-np",
         str(parallel),
         "-c",
-        str(1024 * parallel),
+        str(ctx_per_slot * parallel),
     ]
+    stem = re.sub(r"[^\w.-]+", "-", label)
     return ServerProcess(
-        f"llama-server -np {parallel}",
+        label,
         argv,
         port=port,
         ready_url=f"http://127.0.0.1:{port}/health",
-        log_path=log_dir / f"llama-server-np{parallel}.log",
+        log_path=log_dir / f"{stem}.log",
     )

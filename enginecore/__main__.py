@@ -31,8 +31,9 @@ def build(cfg: EngineConfig, channel: Channel, owner_token: str = "") -> Engine:
     set_num_threads(cfg.num_threads)
     path = cfg.model_path
     runner = ModelRunner.from_path(
-        path, cfg.block_size, cfg.num_kv_blocks, cfg.kv_cache_bytes, cfg.max_model_len
-    )
+        path, cfg.block_size, cfg.num_kv_blocks, cfg.kv_cache_bytes, cfg.max_model_len,
+        cfg.numerics, cfg.kv_cache_dtype,
+    )  # fmt: skip
     runner.warmup()
     metadata = read_tokenizer_metadata(path)
     blocks = BlockManager(runner.num_blocks, cfg.block_size, cfg.prefix_cache == "radix")

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from enginecore.kernels import attention, gemm, ops, threads
-from enginecore.weights import F32, I32, QUANT_KERNEL_MAX_ROWS, Weights
+from enginecore.weights import EXACT_STREAM_MAX_ROWS, F32, I32, Weights
 
 # A sequence's run of at least this many rows in a BLAS-mode batch attends by BLAS GEMMs.
 BLAS_ATTENTION_MIN_ROWS = 16
@@ -75,15 +77,18 @@ def rope_tables(cfg: ModelConfig, max_pos: int) -> tuple[F32, F32]:
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
+KV_DTYPES = {"f32": np.float32, "f16": np.uint16}  # f16: fp16 bits (kernels/f16.py)
+
+
 @dataclass(slots=True)
 class KVCache:
-    k: F32  # (n_layers, n_blocks, block_size, n_kv_heads, head_dim)
-    v: F32  # (n_layers, n_blocks, block_size, n_kv_heads, head_dim)
+    k: npt.NDArray[Any]  # (n_layers, n_blocks, block_size, n_kv_heads, head_dim) f32 / f16 bits
+    v: npt.NDArray[Any]  # (n_layers, n_blocks, block_size, n_kv_heads, head_dim)
 
     @staticmethod
-    def allocate(cfg: ModelConfig, num_blocks: int, block_size: int) -> KVCache:
+    def allocate(cfg: ModelConfig, num_blocks: int, block_size: int, dtype: str) -> KVCache:
         shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        k, v = np.empty(shape, np.float32), np.empty(shape, np.float32)
+        k, v = np.empty(shape, KV_DTYPES[dtype]), np.empty(shape, KV_DTYPES[dtype])
         # written now, not on first use: np.zeros maps pages lazily, and the first store into
         # each fresh 2 MB page then faulted inside decode steps (6.6% of a busy core's samples)
         k.fill(0)
@@ -106,11 +111,13 @@ def forward(
 ) -> F32:
     """Logits (r, vocab), or the final-normed hidden states (r, d) when return_hidden."""
     n = token_ids.shape[0]
-    # Few rows: every matmul streams quantized bytes in a numba kernel. Many rows: matmuls
-    # are BLAS on the dense copies, called from numba's threads (kernels/gemm.py). Without
-    # that, BLAS runs its own threads and every numba kernel must stay on one thread, since a
-    # numba parallel region next to a BLAS call fights BLAS's spinning workers.
-    blas = n > QUANT_KERNEL_MAX_ROWS
+    # Exact mode, few rows: every matmul streams the quantized panels in a numba kernel. Many
+    # rows: sgemm on dequantized tiles (or dense weights), called from numba's threads
+    # (kernels/gemm.py). Without that, BLAS runs its own threads and every numba kernel must
+    # stay on one thread, since a numba parallel region next to a BLAS call fights BLAS's
+    # spinning workers. Integer modes run the same kernels for every row count, so that a
+    # row's result never depends on the batch around it.
+    blas = n > EXACT_STREAM_MAX_ROWS and not w.numerics.batch_invariant
     with threads.limited(1) if blas and not gemm.AVAILABLE else nullcontext():
         return _forward(
             cfg, w, cache, rope, token_ids, positions, seq_of_token, block_tables,

@@ -6,16 +6,27 @@ import logging
 import time
 from pathlib import Path
 
+import numpy as np
+
 from enginecore import loader
 from enginecore.batch import Batch, SeqChunk
-from enginecore.model import BLAS_ATTENTION_MIN_ROWS, KVCache, ModelConfig, forward, rope_tables
-from enginecore.weights import F32, QUANT_KERNEL_MAX_ROWS, Weights
+from enginecore.kernels import dot
+from enginecore.model import (
+    BLAS_ATTENTION_MIN_ROWS,
+    KV_DTYPES,
+    KVCache,
+    ModelConfig,
+    forward,
+    rope_tables,
+)  # fmt: skip
+from enginecore.weights import EXACT_STREAM_MAX_ROWS, F32, Numerics, Weights
 
 log = logging.getLogger(__name__)
 
 
-def kv_block_bytes(cfg: ModelConfig, block_size: int) -> int:
-    return 2 * cfg.num_layers * block_size * cfg.kv_dim * 4
+def kv_block_bytes(cfg: ModelConfig, block_size: int, kv_cache_dtype: str = "f32") -> int:
+    itemsize = np.dtype(KV_DTYPES[kv_cache_dtype]).itemsize
+    return 2 * cfg.num_layers * block_size * cfg.kv_dim * itemsize
 
 
 class ModelRunner:
@@ -26,24 +37,37 @@ class ModelRunner:
         num_blocks: int,
         block_size: int,
         max_model_len: int,
+        kv_cache_dtype: str = "f32",
     ) -> None:
         self.cfg = cfg
         self.weights = weights
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.max_model_len = max_model_len
-        self.cache = KVCache.allocate(cfg, num_blocks, block_size)
+        self.cache = KVCache.allocate(cfg, num_blocks, block_size, kv_cache_dtype)
         self.rope = rope_tables(cfg, max_model_len)
 
     @staticmethod
     def from_path(
-        path: Path, block_size: int, num_blocks: int, kv_cache_bytes: int, max_model_len: int
+        path: Path,
+        block_size: int,
+        num_blocks: int,
+        kv_cache_bytes: int,
+        max_model_len: int,
+        numerics: str = "exact",
+        kv_cache_dtype: str = "f32",
     ) -> ModelRunner:
-        cfg, weights = loader.load(path)
+        t0 = time.monotonic()
+        cfg, weights = loader.load(path, Numerics(numerics))
+        log.info(
+            "loaded %s in %.1f s: %.1f MB of weights, numerics %s, integer dot products by %s "
+            "(this host: %s)", path.name, time.monotonic() - t0, weights.nbytes / 1e6, numerics,
+            dot.SELECTED.name, ", ".join(i.name for i in dot.supported()),
+        )  # fmt: skip
         max_len = min(max_model_len or cfg.max_position, cfg.max_position)
         if num_blocks == 0:
-            num_blocks = max(kv_cache_bytes // kv_block_bytes(cfg, block_size), 1)
-        return ModelRunner(cfg, weights, num_blocks, block_size, max_len)
+            num_blocks = max(kv_cache_bytes // kv_block_bytes(cfg, block_size, kv_cache_dtype), 1)
+        return ModelRunner(cfg, weights, num_blocks, block_size, max_len, kv_cache_dtype)
 
     def run(self, batch: Batch, return_hidden: bool = False) -> F32:
         """Logits (r, vocab) of batch.sample_rows, or final-normed hidden states (r, d)."""
@@ -64,7 +88,7 @@ class ModelRunner:
         need = -(-BLAS_ATTENTION_MIN_ROWS // self.block_size)
         table = list(range(min(need, self.num_blocks)))
         # the quantized-kernel path, the BLAS path, and BLAS attention over a long chunk
-        for n in (1, QUANT_KERNEL_MAX_ROWS + 1, BLAS_ATTENTION_MIN_ROWS):
+        for n in (1, EXACT_STREAM_MAX_ROWS + 1, BLAS_ATTENTION_MIN_ROWS):
             n = min(n, len(table) * self.block_size)
             chunk = SeqChunk(list(range(n)), 0, table, 1)
             self.run(Batch.build([chunk], self.block_size))

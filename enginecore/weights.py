@@ -1,100 +1,258 @@
-"""The canonical in-memory weights, whatever file they came from, and how a matrix is applied."""
+"""The canonical in-memory weights, whatever file they came from, and how a matrix is applied.
+
+A matrix's type chooses its kernels: `DenseMatrix` (F32, F16 and BF16 files, Hugging Face
+checkpoints) multiplies by fp32 sgemm; `PackedMatrix` (every quantized GGUF type) keeps its
+integer form in 16-row panels and multiplies by the panel kernels of its `Numerics`
+(kernels/panels.py), never through a dense fp32 copy; `FusedMatrix` stacks parts of
+different types along the output dimension (fused q/k/v or gate/up of a mixed file).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import IntEnum
-from typing import Any
+from enum import StrEnum
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-from enginecore.kernels import gemm, ops, quant
+from enginecore.kernels import dequant, dot, gemm, ops, panels, threads
 
 F32 = npt.NDArray[np.float32]
 I32 = npt.NDArray[np.int32]
 
-# Up to this many activation rows, a quantized matrix is applied by the numba kernel that
-# streams its packed bytes (memory-bound decode); above it, by BLAS on the dense fp32 copy.
-QUANT_KERNEL_MAX_ROWS = 8
+# Exact mode: up to this many activation rows a packed matrix is streamed by the lane kernel;
+# above it, cache-sized tiles are dequantized for sgemm.
+EXACT_STREAM_MAX_ROWS = 8
+
+# The integer dot-product path of this process (tests may set another the host supports).
+ISA = dot.SELECTED
 
 
-class WeightKind(IntEnum):
-    F32 = 0
-    Q8_0 = 1
-    Q4_1 = 2
+class Decoded(NamedTuple):
+    """One quantized matrix in integer form; rows are output features."""
+
+    v: npt.NDArray[np.uint8]  # (N, K) values, each below 16 when four_bit
+    off: int  # weight = sc * (v - off) + mn
+    sub: int  # sub-block length along K (16 or 32)
+    sps: int  # sub-blocks per super-block (1: the scale is per sub-block, isc = 1)
+    four_bit: bool
+    d: npt.NDArray[np.uint16]  # (N, K // (sub * sps)) fp16 bits
+    dm: npt.NDArray[np.uint16] | None  # (N, K // (sub * sps)) fp16 bits, None: no minimum
+    isc: npt.NDArray[np.int8] | None  # (N, K // sub), None when sps == 1
+    imn: npt.NDArray[np.int8] | None  # (N, K // sub), None when sps == 1 or no minimum
+
+
+class Numerics(StrEnum):
+    """How activations meet quantized weights."""
+
+    EXACT = "exact"  # fp32 activations: reproduces an fp32 reference on the same weights
+    INT8 = "int8"  # activations quantized per 32 to int8 (llama.cpp's way), int32 sums
+    INT16 = "int16"  # per 32 to int16: ~250x smaller rounding error than int8, int32 sums
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Every output element is computed in one order whatever the batch around it."""
+        return self != Numerics.EXACT
+
+
+class Activations(NamedTuple):
+    """A matmul input quantized once, shared by every part of a fused matrix."""
+
+    xq: npt.NDArray[Any]  # (n, K) int8 or int16
+    xa: F32  # (n, K // 32) block scales
+    xb: I32  # (n, K // 16) sums of xq per 16
+
+
+# integer mode -> (a zero-size array of its activations' type, their largest magnitude)
+_ACTIVATIONS: dict[Numerics, tuple[npt.NDArray[Any], int]] = {
+    Numerics.INT8: (np.empty(0, np.int8), 127),
+    Numerics.INT16: (np.empty(0, np.int16), 32767),
+}
+
+
+def quantize(x: F32, numerics: Numerics) -> Activations:
+    n, k = x.shape
+    kind, qmax = _ACTIVATIONS[numerics]
+    xq = np.empty((n, k), kind.dtype)
+    xa = np.empty((n, k // 32), np.float32)
+    xb = np.empty((n, k // 16), np.int32)
+    panels.quantize_rows(x, qmax, xq, xa, xb)
+    return Activations(xq, xa, xb)
 
 
 @dataclass(slots=True)
-class Matrix:
-    """One weight matrix (out_features, in_features); rows are output features."""
+class DenseMatrix:
+    """(out_features, in_features) fp32; rows are output features."""
 
-    kind: WeightKind
-    shape: tuple[int, int]
-    dense: F32  # (N, K) float32, exact dequantization; used by BLAS and for lookups
-    qs: npt.NDArray[Any] | None = None  # Q4_1 uint8 (N, K // 2); Q8_0 int8 (N, K)
-    d: npt.NDArray[Any] | None = None  # (N, K // 32) float32 block scales
-    m: npt.NDArray[Any] | None = None  # (N, K // 32) float32 Q4_1 block minimums
+    w: F32
 
-    @staticmethod
-    def f32(w: npt.NDArray[np.floating]) -> Matrix:
-        dense = np.ascontiguousarray(w, dtype=np.float32)
-        assert dense.ndim == 2
-        return Matrix(WeightKind.F32, (dense.shape[0], dense.shape[1]), dense)
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.w.shape[0], self.w.shape[1])
 
-    @staticmethod
-    def q8_0(qs: npt.NDArray[np.int8], d: F32) -> Matrix:
-        dense = np.empty(qs.shape, dtype=np.float32)
-        quant.dequantize_q8_0(qs, d, dense)
-        return Matrix(WeightKind.Q8_0, (qs.shape[0], qs.shape[1]), dense, qs, d)
+    @property
+    def nbytes(self) -> int:
+        return int(self.w.nbytes)
 
-    @staticmethod
-    def q4_1(qs: npt.NDArray[np.uint8], d: F32, m: F32) -> Matrix:
-        dense = np.empty((qs.shape[0], qs.shape[1] * 2), dtype=np.float32)
-        quant.dequantize_q4_1(qs, d, m, dense)
-        return Matrix(WeightKind.Q4_1, (dense.shape[0], dense.shape[1]), dense, qs, d, m)
-
-    def take_rows(self, rows: npt.NDArray[np.intp]) -> Matrix:
-        """The same matrix restricted to (reordered) output rows; exact for every kind."""
-        qs, d, m = (
-            None if a is None else np.ascontiguousarray(a[rows]) for a in (self.qs, self.d, self.m)
-        )
-        dense = np.ascontiguousarray(self.dense[rows])
-        return Matrix(self.kind, (dense.shape[0], self.shape[1]), dense, qs, d, m)
-
-    def matmul(self, x: F32, out: F32) -> None:
-        """out (n, N) = x (n, K) @ W.T."""
-        n = x.shape[0]
-        if self.kind == WeightKind.Q4_1 and n <= QUANT_KERNEL_MAX_ROWS:
-            xsum = np.empty((n, self.shape[1] // 32), dtype=np.float32)
-            quant.block_sums(x, xsum)
-            quant.q4_1_matmul(x, xsum, self.qs, self.d, self.m, out)
-        elif self.kind == WeightKind.Q8_0 and n <= QUANT_KERNEL_MAX_ROWS:
-            quant.q8_0_matmul(x, self.qs, self.d, out)
-        else:
-            gemm.matmul_nt(x, self.dense, out)
+    def matmul(self, x: F32, out: F32, col0: int = 0, acts: Activations | None = None) -> None:
+        """out[:, col0 : col0 + N] = x (n, K) @ W.T."""
+        gemm.matmul_nt(x, self.w, out[:, col0 : col0 + self.w.shape[0]])
 
     def gather(self, ids: I32, out: F32) -> None:
         """out (n, K) = rows `ids` of W (an embedding lookup)."""
-        ops.gather_rows_f32(ids, self.dense, out)
+        ops.gather_rows_f32(ids, self.w, out)
 
 
-def _take(a: npt.NDArray[Any] | None, rows: npt.NDArray[np.intp]) -> npt.NDArray[Any] | None:
-    return None if a is None else np.ascontiguousarray(a[rows])
+def _panel_major(a: npt.NDArray[Any], n_panels: int) -> npt.NDArray[Any]:
+    """(N, m) per-row values -> (P, m, 16), zero rows padding the last panel."""
+    pad = n_panels * panels.LANES - a.shape[0]
+    a = np.pad(a, ((0, pad), (0, 0)))
+    return np.ascontiguousarray(a.reshape(n_panels, panels.LANES, -1).transpose(0, 2, 1))
 
 
-def concat_rows(parts: list[Matrix]) -> Matrix:
-    """Stack matrices of one kind along the output dimension (fused qkv, gate_up)."""
-    kind = parts[0].kind
-    assert all(p.kind == kind and p.shape[1] == parts[0].shape[1] for p in parts)
-    qs, d, m = (
-        None
-        if getattr(parts[0], name) is None
-        else np.concatenate([getattr(p, name) for p in parts])
-        for name in ("qs", "d", "m")
-    )
-    dense = np.concatenate([p.dense for p in parts])
-    return Matrix(kind, (dense.shape[0], parts[0].shape[1]), dense, qs, d, m)
+@dataclass(slots=True)
+class PackedMatrix:
+    """A quantized matrix in 16-row panels (layout: kernels/dot.py, kernels/panels.py)."""
+
+    qtype: str  # the GGUF type it came from
+    numerics: Numerics
+    shape: tuple[int, int]
+    four_bit: bool
+    off: int
+    sub: int
+    sps: int
+    has_min: bool
+    lanes: npt.NDArray[Any]  # (P, K * 16 / lane bytes [/ 2 when four_bit]) uint32 / uint16
+    d: npt.NDArray[np.uint16]  # (P, n_super, 16)
+    dm: npt.NDArray[np.uint16]  # (P, n_super or 0, 16)
+    isc: npt.NDArray[np.int8]  # (P, n_sub or 0, 16)
+    imn: npt.NDArray[np.int8]  # (P, n_sub or 0, 16)
+
+    @staticmethod
+    def pack(qtype: str, dec: Decoded, numerics: Numerics) -> PackedMatrix:
+        il = 2 if numerics == Numerics.INT16 else 4  # bytes per row and group
+        n, k = dec.v.shape
+        n_panels = -(-n // panels.LANES)
+        v = np.pad(dec.v, ((0, n_panels * panels.LANES - n), (0, 0)))
+        if dec.four_bit:
+            g = v.reshape(n_panels, panels.LANES, k // (2 * il), 2, il)
+            groups = g[:, :, :, 0, :] | (g[:, :, :, 1, :] << np.uint8(4))
+        else:
+            groups = v.reshape(n_panels, panels.LANES, k // il, il)
+        lanes = np.ascontiguousarray(groups.transpose(0, 2, 1, 3))
+        lanes = lanes.view(np.uint16 if il == 2 else np.uint32).reshape(n_panels, -1)
+
+        def per_row(a: npt.NDArray[Any] | None, dtype: type) -> npt.NDArray[Any]:
+            if a is None:
+                return np.zeros((n_panels, 0, panels.LANES), dtype)
+            return _panel_major(a, n_panels)
+
+        return PackedMatrix(
+            qtype, numerics, (n, k), dec.four_bit, dec.off, dec.sub, dec.sps,
+            dec.dm is not None, lanes, per_row(dec.d, np.uint16), per_row(dec.dm, np.uint16),
+            per_row(dec.isc, np.int8), per_row(dec.imn, np.int8),
+        )  # fmt: skip
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in (self.lanes, self.d, self.dm, self.isc, self.imn))
+
+    def _format(self) -> tuple[Any, ...]:
+        return (self.lanes, self.d, self.dm, self.isc, self.imn, self.four_bit, self.off,
+                self.sub, self.sps, self.has_min)  # fmt: skip
+
+    def matmul(self, x: F32, out: F32, col0: int = 0, acts: Activations | None = None) -> None:
+        """out[:, col0 : col0 + N] = x (n, K) @ W.T."""
+        n_rows, parts = self.shape[0], threads.count()
+        if self.numerics != Numerics.EXACT and acts is not None:
+            panels.int_matmul(acts.xq, acts.xa, acts.xb, self._format(), int(ISA), out, col0,
+                              n_rows, parts)  # fmt: skip
+        elif self.numerics != Numerics.EXACT:
+            kind, qmax = _ACTIVATIONS[self.numerics]
+            panels.quantize_matmul(
+                x, kind, qmax, self._format(), int(ISA), out, col0, n_rows, parts
+            )
+        elif x.shape[0] > EXACT_STREAM_MAX_ROWS and gemm.AVAILABLE:
+            dequant.f32_gemm(x, self._format(), out, col0, n_rows, parts)
+        else:
+            xs = np.empty((x.shape[0], self.shape[1] // self.sub), np.float32)
+            dequant.block_sums(x, self.sub, xs)
+            dequant.f32_matmul(x, xs, self._format(), out, col0, n_rows, parts)
+
+    def gather(self, ids: I32, out: F32) -> None:
+        """out (n, K) = rows `ids` of W, dequantized (an embedding lookup)."""
+        dequant.dequantize_rows(ids, self._format(), out)
+
+
+@dataclass(slots=True)
+class FusedMatrix:
+    """Matrices of different types stacked along the output dimension."""
+
+    parts: list[DenseMatrix | PackedMatrix]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def matmul(self, x: F32, out: F32, col0: int = 0, acts: Activations | None = None) -> None:
+        integer = [p.numerics for p in self.parts if isinstance(p, PackedMatrix)]
+        if acts is None and integer and integer[0] != Numerics.EXACT:
+            acts = quantize(x, integer[0])  # every part sees the same quantized input
+        for p in self.parts:
+            p.matmul(x, out, col0, acts)
+            col0 += p.shape[0]
+
+    def gather(self, ids: I32, out: F32) -> None:
+        raise AssertionError("an embedding is never fused")
+
+
+Matrix = DenseMatrix | PackedMatrix | FusedMatrix
+
+
+Part = F32 | tuple[str, Decoded]  # a matrix's rows: dense, or (GGUF type, integer form)
+
+
+def fuse(parts: Sequence[Part], numerics: Numerics) -> Matrix:
+    """One matrix from row blocks: dense arrays, or (GGUF type, integer form) pairs.
+
+    Parts of one quantized type are concatenated before packing (one kernel call); mixed
+    types stay separate parts."""
+    runs: list[list[Part]] = []
+    for p in parts:
+        if runs and _same_kind(runs[-1][-1], p):
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    built = [_build(run, numerics) for run in runs]
+    return built[0] if len(built) == 1 else FusedMatrix(built)
+
+
+def _same_kind(a: Part, b: Part) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return a[0] == b[0]
+    return not isinstance(a, tuple) and not isinstance(b, tuple)
+
+
+def _build(run: list[Part], numerics: Numerics) -> DenseMatrix | PackedMatrix:
+    dense = [p for p in run if not isinstance(p, tuple)]
+    if dense:
+        return DenseMatrix(np.ascontiguousarray(np.concatenate(dense), np.float32))
+    coded = [p for p in run if isinstance(p, tuple)]
+    decs = [dec for _, dec in coded]
+    first = decs[0]
+
+    def cat(name: str) -> Any:
+        values = [getattr(dec, name) for dec in decs]
+        return None if values[0] is None else np.concatenate(values)
+
+    dec = first._replace(v=cat("v"), d=cat("d"), dm=cat("dm"), isc=cat("isc"), imn=cat("imn"))
+    return PackedMatrix.pack(coded[0][0], dec, numerics)
 
 
 @dataclass(slots=True)
@@ -109,7 +267,14 @@ class LayerWeights:
 
 @dataclass(slots=True)
 class Weights:
-    embed: Matrix  # (vocab, d)
+    embed: DenseMatrix | PackedMatrix  # (vocab, d)
     layers: list[LayerWeights]
     final_norm: F32  # (d,)
-    lm_head: Matrix  # (vocab, d); the embedding itself when tied
+    lm_head: DenseMatrix | PackedMatrix  # (vocab, d); the embedding itself when tied
+    numerics: Numerics
+
+    @property
+    def nbytes(self) -> int:
+        mats = [m for lw in self.layers for m in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down)]
+        mats += [self.embed] if self.lm_head is self.embed else [self.embed, self.lm_head]
+        return sum(m.nbytes for m in mats)

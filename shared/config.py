@@ -50,6 +50,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     num_kv_blocks: int = 0  # 0 = sized from kv_cache_bytes
     kv_cache_bytes: int = 1 << 30
     prefix_cache: Literal["radix", "none"] = "radix"
+    # arithmetic of the quantized matmuls: int16 activations keep every reference greedy
+    # continuation of the bundled model and are faster than exact fp32 (bench/README.md)
+    numerics: Literal["exact", "int8", "int16"] = "int16"
+    kv_cache_dtype: Literal["f32", "f16"] = "f32"
     # speculative decoding
     speculative: Literal["none", "prompt_lookup"] = "none"
     spec_num_tokens: int = 16  # most drafts per step; each request adapts below it

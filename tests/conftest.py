@@ -20,6 +20,8 @@ class TinyModels(NamedTuple):
     gguf_f32: Path  # the same weights as F32 GGUF
     gguf_quant: Path  # the same weights quantized like the bundled model (Q8_0 + Q4_1)
     succ: Path  # the succ model (after byte i comes byte i + 1), Hugging Face directory
+    gguf_q8_0: Path  # a wider model (K-quant rows), every matrix Q8_0
+    gguf_q4_k_m: Path  # the same shape in a Q4_K_M-like mix (Q4_K, Q5_K, Q6_K, Q5_0)
 
 
 @pytest.fixture(scope="session")
@@ -28,11 +30,14 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
     spec = tm.TinySpec()
     state = tm.random_state(spec)
     succ = tm.succ_state(tm.SUCC)
+    wide = tm.random_state(tm.KQUANT, seed=3)
     return TinyModels(
         hf=tm.write_hf(root / "tiny", spec, state, None),
-        gguf_f32=tm.write_gguf(root / "tiny-f32.gguf", spec, state, False, None),
-        gguf_quant=tm.write_gguf(root / "tiny-q.gguf", spec, state, True, None),
+        gguf_f32=tm.write_gguf(root / "tiny-f32.gguf", spec, state, None, None),
+        gguf_quant=tm.write_gguf(root / "tiny-q.gguf", spec, state, tm.BUNDLED_MIX, None),
         succ=tm.write_hf(root / "succ", tm.SUCC, succ, SUCC_TEMPLATE),
+        gguf_q8_0=tm.write_gguf(root / "tiny-q8_0.gguf", tm.KQUANT, wide, tm.Q8_0_MIX, None),
+        gguf_q4_k_m=tm.write_gguf(root / "tiny-q4_k_m.gguf", tm.KQUANT, wide, tm.Q4_K_M_MIX, None),
     )
 
 

@@ -1,6 +1,7 @@
 """Paged attention over a flattened varlen batch: prefill chunks and decodes in one call.
 
-KV cache of one layer: k_cache, v_cache (n_blocks, block_size, n_kv_heads, head_dim) float32.
+KV cache of one layer: k_cache, v_cache (n_blocks, block_size, n_kv_heads, head_dim) float32,
+or uint16 holding fp16 bits (kv_cache_dtype = "f16": half the bytes every decode streams).
 A token's cache slot is block_table[pos // block_size] * block_size + pos % block_size.
 
 Two paths, chosen per sequence run by `plan`: the numba kernel (decodes, short chunks; one
@@ -22,6 +23,7 @@ import numpy.typing as npt
 from numba import njit, prange
 
 from enginecore.kernels import gemm, threads
+from enginecore.kernels.f16 import kv_load, kv_store
 from enginecore.kernels.ops import fast_exp
 
 # Query tokens per GEMM tile of the BLAS path: smaller tiles skip more of the causal upper
@@ -42,8 +44,10 @@ def store_kv(qkv, slot_mapping, q_dim, kv_dim, k_cache, v_cache):
         off = slot % block_size
         for h in range(n_kv_heads):
             for i in range(head_dim):
-                k_cache[blk, off, h, i] = qkv[t, q_dim + h * head_dim + i]
-                v_cache[blk, off, h, i] = qkv[t, q_dim + kv_dim + h * head_dim + i]
+                k = qkv[t, q_dim + h * head_dim + i]
+                v = qkv[t, q_dim + kv_dim + h * head_dim + i]
+                k_cache[blk, off, h, i] = kv_store(k, k_cache[0, 0, 0, 0])
+                v_cache[blk, off, h, i] = kv_store(v, v_cache[0, 0, 0, 0])
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
@@ -73,7 +77,7 @@ def _scores(q, k_cache, table, ctx, group, sc):
                 h = kvh * group + g
                 d = np.float32(0.0)
                 for i in range(head_dim):
-                    d += q[h, i] * krows[kvh, i]
+                    d += q[h, i] * kv_load(krows[kvh, i])
                 sc[h, p] = d
 
 
@@ -88,7 +92,7 @@ def _weighted_values(sc, v_cache, table, ctx, group, a):
                 h = kvh * group + g
                 w = sc[h, p]
                 for i in range(head_dim):
-                    a[h, i] += w * vrows[kvh, i]
+                    a[h, i] += w * kv_load(vrows[kvh, i])
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
@@ -193,14 +197,20 @@ def plan(seq_of_token: npt.NDArray[np.int32], min_run: int | None) -> AttentionP
     return AttentionPlan(np.asarray(rest, np.int32), runs)
 
 
+def _as_f32(a: npt.NDArray[np.float32] | npt.NDArray[np.uint16]) -> npt.NDArray[np.float32]:
+    if a.dtype == np.float32:
+        return a  # type: ignore[return-value]
+    return a.view(np.float16).astype(np.float32)
+
+
 def attend(
     qkv: npt.NDArray[np.float32],
     p: AttentionPlan,
     seq_of_token: npt.NDArray[np.int32],
     positions: npt.NDArray[np.int32],
     block_tables: npt.NDArray[np.int32],
-    k_cache: npt.NDArray[np.float32],
-    v_cache: npt.NDArray[np.float32],
+    k_cache: npt.NDArray[np.float32] | npt.NDArray[np.uint16],
+    v_cache: npt.NDArray[np.float32] | npt.NDArray[np.uint16],
     n_heads: int,
     out: npt.NDArray[np.float32],
 ) -> None:
@@ -218,7 +228,7 @@ def attend(
     block_size = k_cache.shape[1]
     for first, end, seq in p.runs:
         table = block_tables[seq, : -(-(int(positions[end - 1]) + 1) // block_size)]
-        keys = k_cache[table].reshape(-1, k_cache.shape[2], k_cache.shape[3])  # gathered
-        values = v_cache[table].reshape(-1, v_cache.shape[2], v_cache.shape[3])
+        keys = _as_f32(k_cache[table].reshape(-1, k_cache.shape[2], k_cache.shape[3]))  # gathered
+        values = _as_f32(v_cache[table].reshape(-1, v_cache.shape[2], v_cache.shape[3]))
         workers = numba.get_num_threads()
         chunk_attention(qkv, first, end, int(positions[first]), keys, values, n_heads, out, workers)

@@ -11,6 +11,11 @@ def set_num_threads(n: int) -> None:
     numba.set_num_threads(n if n > 0 else numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
 
 
+def count() -> int:
+    """Threads the numba kernels use now (on this thread)."""
+    return int(numba.get_num_threads())
+
+
 @contextmanager
 def limited(n: int) -> Iterator[None]:
     """At most n numba threads inside (on this thread), as many as before after."""

@@ -8,8 +8,20 @@ import gguf
 import numpy as np
 import numpy.typing as npt
 
+from enginecore.loader import gguf_types
 from enginecore.model import ModelConfig
-from enginecore.weights import F32, LayerWeights, Matrix, Weights, concat_rows
+from enginecore.weights import (
+    F32,
+    DenseMatrix,
+    FusedMatrix,
+    LayerWeights,
+    Matrix,
+    Numerics,
+    PackedMatrix,
+    Part,
+    Weights,
+    fuse,
+)
 from shared.gguf_file import gguf_reader
 
 Q = gguf.GGMLQuantizationType
@@ -51,36 +63,31 @@ def read_config(reader: gguf.GGUFReader) -> ModelConfig:
     )
 
 
-def _f16(raw: npt.NDArray[np.uint8]) -> F32:
-    return np.ascontiguousarray(raw).view(np.float16).astype(np.float32)
-
-
-def _matrix(t: gguf.ReaderTensor) -> Matrix:
+def _part(t: gguf.ReaderTensor, rows: npt.NDArray[np.intp] | None = None) -> Part:
+    """A matrix tensor as fp32 (F32, F16, BF16) or its integer form, rows reordered."""
     qtype = Q(t.tensor_type)
     data = np.asarray(t.data)
-    if qtype == Q.F32:
-        return Matrix.f32(data.reshape(data.shape[0], -1))
-    if qtype in (Q.F16, Q.BF16):
-        return Matrix.f32(gguf.quants.dequantize(data, qtype))
-    rows = data.shape[0]
-    if qtype == Q.Q8_0:
-        blocks = data.reshape(rows, -1, 34)
-        d = _f16(blocks[:, :, 0:2]).reshape(rows, -1)
-        qs = np.ascontiguousarray(blocks[:, :, 2:]).view(np.int8).reshape(rows, -1)
-        return Matrix.q8_0(qs, d)
-    if qtype == Q.Q4_1:
-        blocks = data.reshape(rows, -1, 20)
-        d = _f16(blocks[:, :, 0:2]).reshape(rows, -1)
-        m = _f16(blocks[:, :, 2:4]).reshape(rows, -1)
-        qs4 = np.ascontiguousarray(blocks[:, :, 4:]).reshape(rows, -1).astype(np.uint8)
-        return Matrix.q4_1(qs4, d, m)
-    raise ValueError(
-        f"tensor {t.name}: GGUF type {qtype.name} is not served (F32, F16, BF16, Q8_0, Q4_1)"
-    )
+    data = data.reshape(data.shape[0], -1) if data.ndim > 1 else data.reshape(1, -1)
+    if rows is not None:
+        data = data[rows]
+    if qtype in gguf_types.DENSE:
+        return np.ascontiguousarray(gguf.quants.dequantize(data, qtype), np.float32)
+    if qtype not in gguf_types.DECODERS:
+        raise ValueError(
+            f"tensor {t.name}: GGUF type {qtype.name} is not served ({gguf_types.SERVED})"
+        )
+    return (qtype.name, gguf_types.decode(qtype, data))
 
 
 def _vector(t: gguf.ReaderTensor) -> F32:
-    return _matrix(t).dense.reshape(-1)
+    qtype = Q(t.tensor_type)
+    if qtype not in gguf_types.DENSE and qtype not in gguf_types.DECODERS:
+        raise ValueError(
+            f"tensor {t.name}: GGUF type {qtype.name} is not served ({gguf_types.SERVED})"
+        )
+    return np.ascontiguousarray(
+        gguf.quants.dequantize(np.asarray(t.data), qtype), np.float32
+    ).reshape(-1)
 
 
 def unpermute_rows(num_rows: int, n_head: int) -> npt.NDArray[np.intp]:
@@ -91,7 +98,7 @@ def unpermute_rows(num_rows: int, n_head: int) -> npt.NDArray[np.intp]:
     return np.argsort(perm)
 
 
-def load(path: Path) -> tuple[ModelConfig, Weights]:
+def load(path: Path, numerics: Numerics) -> tuple[ModelConfig, Weights]:
     reader = gguf_reader(path)
     cfg = read_config(reader)
     tensors = {t.name: t for t in reader.tensors}
@@ -101,25 +108,36 @@ def load(path: Path) -> tuple[ModelConfig, Weights]:
             raise ValueError(f"{path}: missing tensor {name}")
         return tensors[name]
 
+    def matrix(*names: str, rows: list[npt.NDArray[np.intp] | None] | None = None) -> Matrix:
+        order = rows or [None] * len(names)
+        return fuse([_part(take(n), r) for n, r in zip(names, order, strict=True)], numerics)
+
     layers = []
+    q_rows = unpermute_rows(cfg.q_dim, cfg.num_heads)
+    k_rows = unpermute_rows(cfg.kv_dim, cfg.num_kv_heads)
     for i in range(cfg.num_layers):
         p = f"blk.{i}."
-        wq = _matrix(take(p + "attn_q.weight")).take_rows(unpermute_rows(cfg.q_dim, cfg.num_heads))
-        wk = _matrix(take(p + "attn_k.weight")).take_rows(
-            unpermute_rows(cfg.kv_dim, cfg.num_kv_heads)
-        )
-        wv = _matrix(take(p + "attn_v.weight"))
-        gate, up = _matrix(take(p + "ffn_gate.weight")), _matrix(take(p + "ffn_up.weight"))
         layers.append(
             LayerWeights(
                 attn_norm=_vector(take(p + "attn_norm.weight")),
-                wqkv=concat_rows([wq, wk, wv]),
-                wo=_matrix(take(p + "attn_output.weight")),
+                wqkv=matrix(
+                    p + "attn_q.weight",
+                    p + "attn_k.weight",
+                    p + "attn_v.weight",
+                    rows=[q_rows, k_rows, None],
+                ),
+                wo=matrix(p + "attn_output.weight"),
                 ffn_norm=_vector(take(p + "ffn_norm.weight")),
-                w_gate_up=concat_rows([gate, up]),
-                w_down=_matrix(take(p + "ffn_down.weight")),
+                w_gate_up=matrix(p + "ffn_gate.weight", p + "ffn_up.weight"),
+                w_down=matrix(p + "ffn_down.weight"),
             )
         )
-    embed = _matrix(take("token_embd.weight"))
-    lm_head = embed if cfg.tie_embeddings else _matrix(take("output.weight"))
-    return cfg, Weights(embed, layers, _vector(take("output_norm.weight")), lm_head)
+    embed = _single(matrix("token_embd.weight"))
+    lm_head = embed if cfg.tie_embeddings else _single(matrix("output.weight"))
+    final_norm = _vector(take("output_norm.weight"))
+    return cfg, Weights(embed, layers, final_norm, lm_head, numerics)
+
+
+def _single(m: Matrix) -> DenseMatrix | PackedMatrix:
+    assert not isinstance(m, FusedMatrix)
+    return m

@@ -9,7 +9,7 @@ import numpy as np
 from safetensors import safe_open
 
 from enginecore.model import ModelConfig
-from enginecore.weights import F32, LayerWeights, Matrix, Weights, concat_rows
+from enginecore.weights import F32, DenseMatrix, LayerWeights, Numerics, Weights, fuse
 
 
 def read_config(model_dir: Path) -> ModelConfig:
@@ -38,7 +38,7 @@ def read_config(model_dir: Path) -> ModelConfig:
     )
 
 
-def load(model_dir: Path) -> tuple[ModelConfig, Weights]:
+def load(model_dir: Path, numerics: Numerics) -> tuple[ModelConfig, Weights]:
     cfg = read_config(model_dir)
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
@@ -62,13 +62,13 @@ def load(model_dir: Path) -> tuple[ModelConfig, Weights]:
         layers.append(
             LayerWeights(
                 attn_norm=take(p + "input_layernorm.weight"),
-                wqkv=concat_rows([Matrix.f32(a) for a in qkv]),
-                wo=Matrix.f32(take(p + "self_attn.o_proj.weight")),
+                wqkv=fuse(qkv, numerics),
+                wo=DenseMatrix(take(p + "self_attn.o_proj.weight")),
                 ffn_norm=take(p + "post_attention_layernorm.weight"),
-                w_gate_up=concat_rows([Matrix.f32(a) for a in gate_up]),
-                w_down=Matrix.f32(take(p + "mlp.down_proj.weight")),
+                w_gate_up=fuse(gate_up, numerics),
+                w_down=DenseMatrix(take(p + "mlp.down_proj.weight")),
             )
         )
-    embed = Matrix.f32(take("model.embed_tokens.weight"))
-    lm_head = embed if cfg.tie_embeddings else Matrix.f32(take("lm_head.weight"))
-    return cfg, Weights(embed, layers, take("model.norm.weight"), lm_head)
+    embed = DenseMatrix(take("model.embed_tokens.weight"))
+    lm_head = embed if cfg.tie_embeddings else DenseMatrix(take("lm_head.weight"))
+    return cfg, Weights(embed, layers, take("model.norm.weight"), lm_head, numerics)

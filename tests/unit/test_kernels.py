@@ -6,10 +6,9 @@ import math
 
 import numba
 import numpy as np
-import pytest
 from numba import njit
 
-from enginecore.kernels import attention, ops, quant, threads
+from enginecore.kernels import attention, ops, threads
 
 RNG = np.random.default_rng(1234)
 
@@ -111,43 +110,6 @@ def test_row_split_kernels_equal_their_serial_twins() -> None:
     np.testing.assert_allclose(s1, s2, **same)
 
 
-def q4_1_random(n_rows: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """qs, d, m and the dense matrix they stand for, built nibble by nibble in numpy."""
-    q = RNG.integers(0, 16, (n_rows, k // 32, 32))
-    d, m = randn(n_rows, k // 32) * 0.1, randn(n_rows, k // 32) * 0.1
-    qs = (q[:, :, :16] | (q[:, :, 16:] << 4)).astype(np.uint8).reshape(n_rows, k // 2)
-    dense = (d[:, :, None].astype(np.float64) * q + m[:, :, None]).reshape(n_rows, k)
-    return qs, d, m, dense
-
-
-@pytest.mark.parametrize(("n", "n_rows"), [(1, 7), (3, 8), (8, 5), (2, 1)])
-def test_q4_1_matmul_and_dequantize(n: int, n_rows: int) -> None:
-    qs, d, m, dense = q4_1_random(n_rows, 96)
-    x = randn(n, 96)
-    xsum = np.empty((n, 3), np.float32)
-    quant.block_sums(x, xsum)
-    out = np.empty((n, n_rows), np.float32)
-    quant.q4_1_matmul(x, xsum, qs, d, m, out)
-    np.testing.assert_allclose(out, x @ dense.T, rtol=1e-4, atol=1e-4)
-    w = np.empty((n_rows, 96), np.float32)
-    quant.dequantize_q4_1(qs, d, m, w)
-    np.testing.assert_allclose(w, dense, rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.parametrize(("n", "n_rows"), [(1, 9), (4, 6), (8, 3)])
-def test_q8_0_matmul_and_dequantize(n: int, n_rows: int) -> None:
-    qs = RNG.integers(-128, 128, (n_rows, 64)).astype(np.int8)
-    d = randn(n_rows, 2) * 0.01
-    dense = (d[:, :, None].astype(np.float64) * qs.reshape(n_rows, 2, 32)).reshape(n_rows, 64)
-    x = randn(n, 64)
-    out = np.empty((n, n_rows), np.float32)
-    quant.q8_0_matmul(x, qs, d, out)
-    np.testing.assert_allclose(out, x @ dense.T, rtol=1e-4, atol=1e-4)
-    w = np.empty((n_rows, 64), np.float32)
-    quant.dequantize_q8_0(qs, d, w)
-    np.testing.assert_allclose(w, dense, rtol=1e-6, atol=1e-7)
-
-
 BS, N_KV, HD, N_HEADS = 4, 2, 8, 6  # GQA group of 3
 
 
@@ -214,6 +176,41 @@ def test_paged_and_blas_attention_equal_dense_attention() -> None:
         out = np.full((22, N_HEADS * HD), np.nan, np.float32)
         attention.attend(qkv, plan, seq_of_token, positions, tables, k_cache, v_cache, N_HEADS, out)
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+
+
+def test_fp16_kv_cache_attends_like_the_fp32_cache_holding_the_same_values() -> None:
+    n_blocks = 12
+    k32 = randn(n_blocks, BS, N_KV, HD).astype(np.float16)
+    v32 = randn(n_blocks, BS, N_KV, HD).astype(np.float16)
+    tables = np.array([[7, 3, 9, 0, 11], [2, 5, 6, 1, 4]], np.int32)
+    positions = np.concatenate([np.arange(0, 18), [13]]).astype(np.int32)
+    seq_of_token = np.array([0] * 18 + [1], np.int32)
+    qkv = randn(19, N_HEADS * HD + 2 * N_KV * HD)
+    for min_run in (None, 5):
+        plan = attention.plan(seq_of_token, min_run)
+        outs = []
+        for k, v in ((k32.astype(np.float32), v32.astype(np.float32)),
+                     (k32.view(np.uint16), v32.view(np.uint16))):  # fmt: skip
+            out = np.full((19, N_HEADS * HD), np.nan, np.float32)
+            attention.attend(qkv, plan, seq_of_token, positions, tables, k, v, N_HEADS, out)
+            outs.append(out)
+        np.testing.assert_array_equal(outs[1], outs[0])
+
+
+def test_store_kv_rounds_to_fp16_like_numpy() -> None:
+    q_dim, kv_dim = N_HEADS * HD, N_KV * HD
+    qkv = randn(3, q_dim + 2 * kv_dim) * 100
+    k_cache, v_cache = (np.zeros((4, BS, N_KV, HD), np.uint16) for _ in range(2))
+    slots = np.array([13, 2, 7], np.int32)
+    attention.store_kv(qkv, slots, q_dim, kv_dim, k_cache, v_cache)
+    flat_k = k_cache.reshape(-1, kv_dim)[slots]
+    flat_v = v_cache.reshape(-1, kv_dim)[slots]
+    np.testing.assert_array_equal(
+        flat_k, qkv[:, q_dim : q_dim + kv_dim].astype(np.float16).view(np.uint16)
+    )
+    np.testing.assert_array_equal(
+        flat_v, qkv[:, q_dim + kv_dim :].astype(np.float16).view(np.uint16)
+    )
 
 
 def test_store_kv_writes_each_slot() -> None:

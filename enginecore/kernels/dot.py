@@ -1,0 +1,202 @@
+"""Exact integer dot products of one 16-row weight panel, by the best instructions the host has.
+
+numba's own loops never emit VNNI (LLVM picks 256-bit vectors and plain multiplies), so the
+integer sums of the quantized matmuls are LLVM x86 intrinsics called from a numba intrinsic:
+`vpdpbusd` / `vpdpwssd` (AVX-512 VNNI, 512-bit; AVX-VNNI, 256-bit) or `vpmaddubsw` /
+`vpmaddwd` (AVX2). AMX is never used (it is advertised on some hosts and traps there).
+
+A panel holds 16 output rows interleaved: each 4-byte (int8 activations) or 2-byte (int16)
+lane is one row's next weights, so one instruction against a broadcast group of activations
+adds one row's partial sum to each int32 lane and no horizontal reduction is needed. The sums
+are exact integers on every path, so which path ran never changes a result.
+
+Layout of one group (`il` = 4 for int8, 2 for int16 activations; 16 * il bytes):
+  8-bit weights: byte r * il + b is row r's weight k0 + b; the group covers il values of k.
+  4-bit weights: its low nibble is weight k0 + b, its high nibble weight k0 + il + b.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numba
+from llvmlite import binding as llvm
+from llvmlite import ir
+from numba.core import cgutils
+
+
+class Isa(IntEnum):
+    """The integer-dot-product paths, in order of preference."""
+
+    PORTABLE = 0  # plain numba loops, any CPU
+    AVX2 = 1  # vpmaddubsw / vpmaddwd, 256-bit
+    AVX_VNNI = 2  # vpdpbusd / vpdpwssd, 256-bit (VEX)
+    AVX512_VNNI = 3  # vpdpbusd / vpdpwssd, 512-bit
+
+
+_NEEDS = {
+    Isa.AVX2: {"avx2"},
+    Isa.AVX_VNNI: {"avx2", "avxvnni"},
+    Isa.AVX512_VNNI: {"avx512f", "avx512bw", "avx512vnni"},
+}
+
+
+def host_features() -> set[str]:
+    """The CPU features LLVM compiles numba code for on this host."""
+    if numba.config.CPU_NAME not in (None, "host"):  # type: ignore[attr-defined]
+        return set()  # compiled for another CPU (a portable cache): only plain loops
+    return {name for name, on in llvm.get_host_cpu_features().items() if on}
+
+
+_HOST = host_features()
+
+
+def supported() -> list[Isa]:
+    """Every path this host can run, portable first."""
+    return [Isa.PORTABLE, *(isa for isa, need in _NEEDS.items() if need <= _HOST)]
+
+
+SELECTED = max(supported())  # chosen once per process, from the host's features
+
+
+I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+
+
+def vec(t: ir.Type, n: int) -> ir.VectorType:
+    return ir.VectorType(t, n)
+
+
+def _call(b: ir.IRBuilder, name: str, ret: ir.Type, *args: ir.Value) -> ir.Value:
+    fnty = ir.FunctionType(ret, [a.type for a in args])
+    return b.call(b.module.declare_intrinsic(name, fnty=fnty), list(args))
+
+
+def load_at(b: ir.IRBuilder, base: ir.Value, offset: ir.Value, ty: ir.Type) -> ir.Value:
+    ptr = b.bitcast(b.gep(base, [offset]), ty.as_pointer())
+    return b.load(ptr, align=1)
+
+
+def _splat(b: ir.IRBuilder, x32: ir.Value, lanes: int, as_type: ir.Type) -> ir.Value:
+    """An i32 (4 int8 or 2 int16 activations) repeated over `lanes` int32 lanes."""
+    v = b.insert_element(ir.Constant(vec(I32, lanes), ir.Undefined), x32, ir.Constant(I32, 0))
+    v = b.shuffle_vector(v, v, ir.Constant(vec(I32, lanes), [0] * lanes))
+    return b.bitcast(v, as_type)
+
+
+class Emitter:
+    """Accumulates one panel's 16 int32 sums over a run of groups, for one ISA and mode."""
+
+    def __init__(self, b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool) -> None:
+        self.b, self.isa, self.int16, self.four_bit = b, isa, int16, four_bit
+        wide = isa == Isa.AVX512_VNNI
+        # accumulators: one <16 x i32> (512-bit), two <8 x i32> halves, or (AVX2 with 8-bit
+        # weights and int8 activations) four <8 x i32> of row pairs
+        self.n_acc = 1 if wide else (4 if self._widened() else 2)
+        width = 16 if wide else 8
+        self.acc = [
+            cgutils.alloca_once_value(b, ir.Constant(vec(I32, width), None))  # type: ignore[no-untyped-call]
+            for _ in range(self.n_acc)
+        ]
+
+    def _widened(self) -> bool:
+        # vpmaddubsw sums two u8 * s8 products into a saturating int16: exact for 4-bit
+        # weights, not for 8-bit ones up to 255
+        return self.isa == Isa.AVX2 and not self.int16 and not self.four_bit
+
+    def _add(self, i: int, v: ir.Value) -> None:
+        self.b.store(self.b.add(self.b.load(self.acc[i]), v), self.acc[i])
+
+    def piece(self, w: ir.Value, x32: ir.Value) -> None:
+        """Rows' next il weights (w: 16 * il bytes) times il activations (x32)."""
+        b, isa = self.b, self.isa
+        if isa == Isa.AVX512_VNNI:
+            acc = self.acc[0]
+            if self.int16:
+                wv = b.zext(w, vec(I16, 32))
+                r = _call(b, "llvm.x86.avx512.vpdpwssd.512", vec(I32, 16), b.load(acc), wv,
+                          _splat(b, x32, 16, vec(I16, 32)))  # fmt: skip
+            else:
+                r = _call(b, "llvm.x86.avx512.vpdpbusd.512", vec(I32, 16), b.load(acc), w,
+                          _splat(b, x32, 16, vec(I8, 64)))  # fmt: skip
+            b.store(r, acc)
+            return
+        n_bytes = 32 if self.int16 else 64
+        halves = [_part8(b, w, h * n_bytes // 2, n_bytes // 2) for h in range(2)]
+        for h, half in enumerate(halves):  # rows 0..7, rows 8..15
+            if self.int16:
+                wv = b.zext(half, vec(I16, 16))
+                xv = _splat(b, x32, 8, vec(I16, 16))
+                if isa == Isa.AVX_VNNI:
+                    r = _call(b, "llvm.x86.avx512.vpdpwssd.256", vec(I32, 8), b.load(self.acc[h]), wv, xv)  # fmt: skip
+                    b.store(r, self.acc[h])
+                else:
+                    self._add(h, _call(b, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), wv, xv))
+            elif isa == Isa.AVX_VNNI:
+                xv = _splat(b, x32, 8, vec(I8, 32))
+                r = _call(b, "llvm.x86.avx512.vpdpbusd.256", vec(I32, 8), b.load(self.acc[h]), half, xv)  # fmt: skip
+                b.store(r, self.acc[h])
+            elif not self._widened():
+                xv = _splat(b, x32, 8, vec(I8, 32))
+                pairs = _call(b, "llvm.x86.avx2.pmadd.ub.sw", vec(I16, 16), half, xv)
+                ones = ir.Constant(vec(I16, 16), [1] * 16)
+                self._add(h, _call(b, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), pairs, ones))
+            else:
+                wide = b.zext(half, vec(I16, 32))
+                x4 = b.bitcast(x32, vec(I8, 4))
+                x16 = b.sext(x4, vec(I16, 4))
+                xv = b.shuffle_vector(x16, x16, ir.Constant(vec(I32, 16), [0, 1, 2, 3] * 4))
+                for q in range(2):  # rows 4q..4q+3 of this half, two int32 partials each
+                    wq = b.shuffle_vector(
+                        wide, wide, ir.Constant(vec(I32, 16), list(range(16 * q, 16 * q + 16)))
+                    )
+                    self._add(2 * h + q, _call(b, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), wq, xv))
+
+    def reset(self) -> None:
+        for a in self.acc:
+            self.b.store(ir.Constant(a.type.pointee, None), a)
+
+    def sums(self) -> ir.Value:
+        """The 16 rows' int32 sums as one <16 x i32>."""
+        b = self.b
+        if self.n_acc == 1:
+            return b.load(self.acc[0])
+        if self.n_acc == 4:  # (row, partial) pairs -> rows
+            p = [b.load(a) for a in self.acc]
+            even = ir.Constant(vec(I32, 8), list(range(0, 16, 2)))
+            odd = ir.Constant(vec(I32, 8), list(range(1, 16, 2)))
+            halves = [
+                b.add(b.shuffle_vector(p[2 * h], p[2 * h + 1], even),
+                      b.shuffle_vector(p[2 * h], p[2 * h + 1], odd))
+                for h in range(2)
+            ]  # fmt: skip
+        else:
+            halves = [b.load(a) for a in self.acc]
+        return b.shuffle_vector(halves[0], halves[1], ir.Constant(vec(I32, 16), list(range(16))))
+
+
+def _part8(b: ir.IRBuilder, w: ir.Value, start: int, n: int) -> ir.Value:
+    return b.shuffle_vector(w, w, ir.Constant(vec(I32, n), list(range(start, start + n))))
+
+
+def accumulate_groups(
+    b: ir.IRBuilder, rows: list[tuple[Emitter, ir.Value]], four_bit: bool, w: ir.Value,
+    n_groups: ir.Value,
+) -> None:  # fmt: skip
+    """Add the panel rows' integer dot products over n_groups groups from w to each
+    (accumulators, activations) pair of `rows`: one weight load and unpack for all of them."""
+    group_bytes = 32 if rows[0][0].int16 else 64
+    x_bytes = 8 if four_bit else 4  # activations per group, in bytes
+    with cgutils.for_range(b, n_groups) as loop:
+        g = loop.index
+        wv = load_at(b, w, b.mul(g, ir.Constant(I64, group_bytes)), vec(I8, group_bytes))
+        xo = b.mul(g, ir.Constant(I64, x_bytes))
+        if four_bit:
+            mask = ir.Constant(vec(I8, group_bytes), [15] * group_bytes)
+            shift = ir.Constant(vec(I8, group_bytes), [4] * group_bytes)
+            low, high = b.and_(wv, mask), b.lshr(wv, shift)
+            for em, x in rows:
+                em.piece(low, load_at(b, x, xo, I32))
+                em.piece(high, load_at(b, x, b.add(xo, ir.Constant(I64, 4)), I32))
+        else:
+            for em, x in rows:
+                em.piece(wv, load_at(b, x, xo, I32))

@@ -1,0 +1,225 @@
+"""One 16-row weight panel times one quantized activation row, as an LLVM intrinsic: the exact
+int32 sums of every sub-block (kernels/dot.py) combined with their scales in float32.
+
+Per output row, sub-block by sub-block in order: tmp = sc * float(S - off * B), then
+tmp = tmp + mn * float(B) when the type has minimums, then acc = acc + xa * tmp; plain fmul
+and fadd without fast-math flags, so LLVM contracts none of them into FMAs and a portable
+numba loop doing the same scalar operations (kernels/panels.py) gets the same bits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from enginecore.kernels.dot import (
+    I8,
+    I16,
+    I32,
+    I64,
+    Emitter,
+    Isa,
+    accumulate_groups,
+    load_at,
+    supported,
+    vec,
+)
+
+F32, F16 = ir.FloatType(), ir.HalfType()
+
+
+def _splat_f(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    u = b.insert_element(ir.Constant(vec(F32, 16), ir.Undefined), v, ir.Constant(I32, 0))
+    return b.shuffle_vector(u, u, ir.Constant(vec(I32, 16), [0] * 16))
+
+
+def _scale16(b: ir.IRBuilder, f16s: ir.Value, ints: ir.Value, scaled: ir.Value) -> ir.Value:
+    """fp16 values (at f16s) widened, times int8 ones (at ints) when `scaled` (i1)."""
+    v = b.fpext(b.bitcast(b.load(b.bitcast(f16s, vec(I16, 16).as_pointer()), align=1),
+                          vec(F16, 16)), vec(F32, 16))  # fmt: skip
+    out = cgutils.alloca_once_value(b, v)  # type: ignore[no-untyped-call]
+    with b.if_then(scaled):
+        i8s = b.load(b.bitcast(ints, vec(I8, 16).as_pointer()), align=1)
+        b.store(b.fmul(v, b.sitofp(i8s, vec(F32, 16))), out)
+    return b.load(out)
+
+
+def _emit_rows(
+    b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool, rows: int, r: dict[str, ir.Value]
+) -> None:
+    """out[16 t : 16 t + 16] for `rows` consecutive activation rows t = sum over sub-blocks j
+    of xa * (sc * (S - off * B) + mn * B), in that order per lane, float32 mul then add (no
+    fast-math flags, so no FMA contraction). The rows share each weight load and scale."""
+    ems = [Emitter(b, isa, int16, four_bit) for _ in range(rows)]
+    zero = ir.Constant(vec(F32, 16), None)
+    accs = [cgutils.alloca_once_value(b, zero) for _ in range(rows)]  # type: ignore[no-untyped-call]
+    elem = 2 if int16 else 1
+    group_bytes = 32 if int16 else 64
+    per_group = (2 if int16 else 4) * (2 if four_bit else 1)  # k values per group
+    gpsub = b.udiv(r["sub"], ir.Constant(I64, per_group))
+    bpsub = b.lshr(r["sub"], ir.Constant(I64, 4))  # activation sums per sub-block
+    two = b.icmp_unsigned("==", bpsub, ir.Constant(I64, 2))
+    scaled = b.icmp_unsigned(">", r["sps"], ir.Constant(I64, 1))
+    k = b.mul(r["n_sub"], r["sub"])  # activation row length
+    with cgutils.for_range(b, r["n_sub"]) as loop:
+        j = loop.index
+        for em in ems:
+            em.reset()
+        w = b.gep(r["w"], [b.mul(b.mul(j, gpsub), ir.Constant(I64, group_bytes))])
+        xs = [b.gep(r["x"], [b.mul(b.add(b.mul(k, ir.Constant(I64, t)), b.mul(j, r["sub"])),
+                                   ir.Constant(I64, elem))]) for t in range(rows)]  # fmt: skip
+        accumulate_groups(b, list(zip(ems, xs, strict=True)), four_bit, w, gpsub)
+        big_j = b.udiv(j, r["sps"])
+        sc = _scale16(b, b.gep(r["d"], [b.mul(big_j, ir.Constant(I64, 16))]),
+                      b.gep(r["isc"], [b.mul(j, ir.Constant(I64, 16))]), scaled)  # fmt: skip
+        mn = cgutils.alloca_once_value(b, zero)  # type: ignore[no-untyped-call]
+        with b.if_then(r["has_min"]):
+            b.store(_scale16(b, b.gep(r["dm"], [b.mul(big_j, ir.Constant(I64, 16))]),
+                             b.gep(r["imn"], [b.mul(j, ir.Constant(I64, 16))]), scaled), mn)  # fmt: skip
+        for t, (em, acc) in enumerate(zip(ems, accs, strict=True)):
+            xb_t = b.add(
+                b.mul(b.lshr(k, ir.Constant(I64, 4)), ir.Constant(I64, t)), b.mul(j, bpsub)
+            )
+            xb0 = b.load(b.gep(r["xb"], [xb_t]))
+            xb1 = b.load(b.gep(r["xb"], [b.add(xb_t, ir.Constant(I64, 1))]))
+            bsum = b.select(two, b.add(xb0, xb1), xb0)
+            xa_t = b.add(b.mul(b.lshr(k, ir.Constant(I64, 5)), ir.Constant(I64, t)),
+                         b.lshr(b.mul(j, r["sub"]), ir.Constant(I64, 5)))  # fmt: skip
+            a = b.load(b.gep(r["xa"], [xa_t]))
+            offb = _splat_i(b, b.mul(b.trunc(r["off"], I32), bsum))
+            tmp = cgutils.alloca_once_value(
+                b, b.fmul(sc, b.sitofp(b.sub(em.sums(), offb), vec(F32, 16)))
+            )  # type: ignore[no-untyped-call]
+            with b.if_then(r["has_min"]):
+                fb = _splat_f(b, b.sitofp(bsum, F32))
+                b.store(b.fadd(b.load(tmp), b.fmul(b.load(mn), fb)), tmp)
+            b.store(b.fadd(b.load(acc), b.fmul(_splat_f(b, a), b.load(tmp))), acc)
+    for t, acc in enumerate(accs):
+        out = b.gep(b.bitcast(r["out"], vec(F32, 16).as_pointer()), [ir.Constant(I64, t)])
+        b.store(b.load(acc), out, align=4)
+
+
+def _splat_i(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    u = b.insert_element(ir.Constant(vec(I32, 16), ir.Undefined), v, ir.Constant(I32, 0))
+    return b.shuffle_vector(u, u, ir.Constant(vec(I32, 16), [0] * 16))
+
+
+def _emit_exact_row(b: ir.IRBuilder, four_bit: bool, r: dict[str, ir.Value]) -> None:
+    """Exact mode (fp32 activations, 4 bytes per row and group): out[0:16] = sum over
+    sub-blocks of sc * sum_k (v_k - off) x_k (+ mn * xs), fused multiply-adds allowed."""
+    v16 = vec(F32, 16)
+    acc = cgutils.alloca_once_value(b, ir.Constant(v16, None))  # type: ignore[no-untyped-call]
+    s = cgutils.alloca_once_value(b, ir.Constant(v16, None))  # type: ignore[no-untyped-call]
+    per_group = 8 if four_bit else 4
+    gpsub = b.udiv(r["sub"], ir.Constant(I64, per_group))
+    offv = _splat_f(b, b.sitofp(r["off"], F32))
+    scaled = b.icmp_unsigned(">", r["sps"], ir.Constant(I64, 1))
+    fma = b.module.declare_intrinsic("llvm.fmuladd.v16f32", fnty=ir.FunctionType(v16, [v16] * 3))
+
+    def add(values: ir.Value, k: ir.Value) -> None:
+        xk = _splat_f(b, b.load(b.gep(r["x"], [k])))
+        b.store(b.call(fma, [b.fsub(b.sitofp(values, v16), offv), xk, b.load(s)]), s)
+
+    with cgutils.for_range(b, r["n_sub"]) as loop:
+        j = loop.index
+        b.store(ir.Constant(v16, None), s)
+        with cgutils.for_range(b, gpsub) as inner:
+            g = b.add(b.mul(j, gpsub), inner.index)
+            wv = load_at(b, r["w"], b.mul(g, ir.Constant(I64, 64)), vec(I32, 16))
+            k0 = b.mul(g, ir.Constant(I64, per_group))
+            for bb in range(4):
+                shifted = b.lshr(wv, ir.Constant(vec(I32, 16), [8 * bb] * 16))
+                mask = ir.Constant(vec(I32, 16), [15 if four_bit else 255] * 16)
+                add(b.and_(shifted, mask), b.add(k0, ir.Constant(I64, bb)))
+                if four_bit:
+                    high = b.lshr(shifted, ir.Constant(vec(I32, 16), [4] * 16))
+                    add(b.and_(high, mask), b.add(k0, ir.Constant(I64, 4 + bb)))
+        big_j = b.udiv(j, r["sps"])
+        sc = _scale16(b, b.gep(r["d"], [b.mul(big_j, ir.Constant(I64, 16))]),
+                      b.gep(r["isc"], [b.mul(j, ir.Constant(I64, 16))]), scaled)  # fmt: skip
+        tmp = cgutils.alloca_once_value(b, b.fmul(sc, b.load(s)))  # type: ignore[no-untyped-call]
+        with b.if_then(r["has_min"]):
+            mn = _scale16(b, b.gep(r["dm"], [b.mul(big_j, ir.Constant(I64, 16))]),
+                          b.gep(r["imn"], [b.mul(j, ir.Constant(I64, 16))]), scaled)  # fmt: skip
+            xs = _splat_f(b, b.load(b.gep(r["xa"], [j])))
+            b.store(b.fadd(b.load(tmp), b.fmul(mn, xs)), tmp)
+        b.store(b.fadd(b.load(acc), b.load(tmp)), acc)
+    b.store(b.load(acc), b.bitcast(r["out"], v16.as_pointer()), align=4)
+
+
+def _data(context: Any, builder: ir.IRBuilder, ty: types.Array, value: ir.Value) -> ir.Value:
+    return builder.bitcast(context.make_array(ty)(context, builder, value).data, I8.as_pointer())
+
+
+def _panel_row(four_bit: bool, rows: int) -> Any:
+    def typer(typingctx: Any, isa: Any, lanes: Any, w_off: Any, xq: Any, x_off: Any, xa: Any,
+              xa_off: Any, xb: Any, xb_off: Any, d: Any, dm: Any, isc: Any, imn: Any,
+              s_off: Any, sub_off: Any, sps: Any, has_min: Any, n_sub: Any, sub: Any, off: Any,
+              out: Any) -> Any:  # fmt: skip
+        if not (
+            isinstance(xq, types.Array) and xq.dtype in (types.int8, types.int16, types.float32)
+        ):
+            return None
+        int16 = xq.dtype == types.int16
+        exact = xq.dtype == types.float32
+        elem = 4 if exact else (2 if int16 else 1)
+        argtys = (isa, lanes, w_off, xq, x_off, xa, xa_off, xb, xb_off, d, dm, isc, imn,
+                  s_off, sub_off, sps, has_min, n_sub, sub, off, out)  # fmt: skip
+        sig = types.void(*argtys)
+
+        def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+            v = dict(zip(("isa", "lanes", "w_off", "xq", "x_off", "xa", "xa_off", "xb",
+                          "xb_off", "d", "dm", "isc", "imn", "s_off", "sub_off", "sps",
+                          "has_min", "n_sub", "sub", "off", "out"), args, strict=True))  # fmt: skip
+            ty = dict(zip(v, sig.args, strict=True))
+
+            def i64(name: str) -> ir.Value:
+                x = v[name]
+                return builder.sext(x, I64) if x.type.width < 64 else x
+
+            def data(name: str, elem: ir.Type, offset: str | None) -> ir.Value:
+                p = builder.bitcast(_data(context, builder, ty[name], v[name]), elem.as_pointer())
+                return p if offset is None else builder.gep(p, [i64(offset)])
+
+            row = {
+                "w": data("lanes", I8, "w_off"),
+                "x": data("xq", F32, "x_off") if exact else builder.gep(data("xq", I8, None), [builder.mul(i64("x_off"), ir.Constant(I64, elem))]),
+                "xa": data("xa", F32, "xa_off"), "xb": data("xb", I32, "xb_off"),
+                "d": data("d", I16, "s_off"), "dm": data("dm", I16, "s_off"),
+                "isc": data("isc", I8, "sub_off"), "imn": data("imn", I8, "sub_off"),
+                "out": data("out", F32, None), "sps": i64("sps"), "n_sub": i64("n_sub"),
+                "sub": i64("sub"), "off": i64("off"),
+                "has_min": builder.icmp_unsigned("!=", v["has_min"], ir.Constant(v["has_min"].type, 0)),
+            }  # fmt: skip
+            if exact:
+                _emit_exact_row(builder, four_bit, row)
+                return context.get_dummy_value()
+            isa64 = i64("isa")
+            for path in supported()[1:]:  # only what this host runs is ever emitted
+                hit = builder.icmp_signed("==", isa64, ir.Constant(I64, int(path)))
+                with builder.if_then(hit):
+                    _emit_rows(builder, path, int16, four_bit, rows, row)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return intrinsic(typer)
+
+
+# panel_row_4 / panel_row_8(isa, lanes, w_off, xq, x_off, xa, xa_off, xb, xb_off, d, dm, isc,
+# imn, s_off, sub_off, sps, has_min, n_sub, sub, off, out): out[0:16] float32 = one panel's
+# 16 rows (from byte w_off of lanes' data; scales from element s_off of d / dm and sub_off of
+# isc / imn) times one quantized activation row (xq from flat element x_off, its scales xa
+# from x_off // 32, its sums xb from x_off // 16); isa is an Isa other than PORTABLE that
+# this host supports (any other value leaves out untouched). With float32 xq (exact mode),
+# xa holds the row's sums per sub-block, xb and isa are unused.
+panel_row_4 = _panel_row(True, 1)
+panel_row_8 = _panel_row(False, 1)
+# the same for ROWS consecutive activation rows (x_off the first's; out[16 t:] for row t)
+ROWS = 4
+panel_rows_4 = _panel_row(True, ROWS)
+panel_rows_8 = _panel_row(False, ROWS)

@@ -1,0 +1,97 @@
+"""bench.compare's report: targets against llama-server, and RESULTS.md sections kept per model."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.compare import model_key
+from bench.compare_load import _reseeded
+from bench.compare_report import compose
+from bench.compare_targets import KQUANT_AND_LARGE, ratios, target_for
+from bench.load_stats import Dist, LevelReport
+
+
+def level(c: int, tok_s: float, ttft_p99: float) -> LevelReport:
+    d = Dist(mean=ttft_p99, p50=ttft_p99, p90=ttft_p99, p99=ttft_p99, max=ttft_p99)
+    return LevelReport(
+        concurrency=c, request_rate=None, num_requests=8, sent=8, completed=8, failed=0,
+        failures={}, duration_s=10.0, requests_per_s=0.8, output_tokens_per_s=tok_s,
+        total_input_tokens=400, total_output_tokens=1024, ttft_ms=d, tpot_ms=d, itl_ms=d,
+        e2e_ms=d, hit_deadline=False,
+    )  # fmt: skip
+
+
+def row(lines: list[str], c: int) -> str:
+    return next(line for line in lines if line.startswith(f"| {c} |"))
+
+
+def test_bundled_targets_are_judged_against_llama_server_at_the_same_level() -> None:
+    levels = {
+        "tl-serve": {1: level(1, 150.0, 50), 4: level(4, 300, 900), 16: level(16, 600, 500)},
+        "llama-server -np 64": {1: level(1, 100, 40), 4: level(4, 200, 800), 16: level(16, 250, 900)},
+    }  # fmt: skip
+    lines = ratios(levels, "bundled")
+    assert "1.50x | yes (>= 1.5x)" in row(lines, 1)
+    assert "| - |" in row(lines, 1)  # no TTFT target at one stream
+    assert row(lines, 4).endswith("| 900 / 800 | **no** (below) |")
+    assert "2.40x | **no** (>= 3x)" in row(lines, 16)
+    assert row(lines, 16).endswith("| 500 / 900 | yes (below) |")
+
+
+def test_a_model_without_targets_gets_ratios_only_and_other_anchors_a_column() -> None:
+    levels = {
+        "tl-serve": {1: level(1, 120.0, 50)},
+        "llama-server -np 64": {1: level(1, 100, 40)},
+        "llama-cpp-python": {1: level(1, 60, 40)},
+    }
+    lines = ratios(levels, "Q8_0")
+    assert "| 1.20x | - |" in row(lines, 1)
+    assert row(lines, 1).endswith(" 2.00x |")
+    assert any("No target is set for `Q8_0`" in line for line in lines)
+    assert ratios({"tl-serve": levels["tl-serve"]}, "bundled")[0].startswith("(no ")
+
+
+def test_a_model_section_replaces_its_own_and_keeps_the_others() -> None:
+    first = compose("", {"1.7B": "## big\n", "bundled": "## small v1\n"}, "## Soak\nfine\n")
+    assert first.index("## small v1") < first.index("## big") < first.index("## Soak")
+    assert first.count("## small v1") == 1 and first.count("## big") == 1
+    second = compose(first, {"bundled": "## small v2\n"}, None)
+    assert "## small v2" in second and "## small v1" not in second
+    assert "## big" in second and "## Soak\nfine" in second
+    assert compose(second, {}, None) == second
+
+
+def test_the_soak_section_of_an_unmarked_file_is_kept() -> None:
+    old = "# title\n\n## Results\nold table\n\n## Soak\n\nsoak figures\n\n## Machine\nold cpu\n"
+    out = compose(old, {"bundled": "## new\n"}, None)
+    assert "soak figures" in out and "old table" not in out and "old cpu" not in out
+
+
+@pytest.mark.parametrize(("name", "key"), [("bundled", "bundled"), ("1.7B", "1.7B"),
+                                            ("/x/my-model.Q4_0.gguf", "my-model.Q4_0")])  # fmt: skip
+def test_model_key(name: str, key: str) -> None:
+    assert model_key(name) == key
+
+
+def test_a_repeated_level_gets_new_prompts_of_the_same_lengths() -> None:
+    flags = ["--concurrency", "16", "--input-len", "32:64", "--seed", "16"]
+    assert _reseeded(list(flags), 0) == flags
+    assert _reseeded(list(flags), 2) == [*flags[:-1], "2016"]
+    assert _reseeded(["--concurrency", "1"], 1) == ["--concurrency", "1"]
+
+
+def test_a_level_where_nothing_completed_has_no_ratio() -> None:
+    empty = LevelReport(
+        concurrency=64, request_rate=None, num_requests=64, sent=64, completed=0, failed=64,
+        failures={"deadline": 64}, duration_s=240.0, requests_per_s=0.0, output_tokens_per_s=0.0,
+        total_input_tokens=0, total_output_tokens=0, ttft_ms=None, tpot_ms=None, itl_ms=None,
+        e2e_ms=None, hit_deadline=True,
+    )  # fmt: skip
+    levels = {"tl-serve": {64: empty}, "llama-server -np 64": {64: empty}}
+    assert row(ratios(levels, "1.7B"), 64) == "| 64 | 0.0 | 0.0 | - | - | - / - | - |"
+
+
+def test_the_large_shape_targets_hold_for_each_of_its_files() -> None:
+    for key in ("1.7B", "1.7B-Q4_K_M", "1.7B-Q4_1-pure"):
+        assert target_for(key) == KQUANT_AND_LARGE
+    assert target_for("360M") is None and target_for("Q8_0") is None

@@ -1,0 +1,126 @@
+"""Integer numerics end to end on the tiny mixed-type models: a request's logits are the same
+bits alone, inside a batch of 64 unrelated sequences, prefilled in chunks or whole, after a
+cached prefix, on every ISA path and thread count; exact mode keeps the float64 reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from enginecore import weights
+from enginecore.batch import Batch, SeqChunk
+from enginecore.kernels import dot, threads
+from enginecore.model_runner import ModelRunner
+from tests.conftest import TinyModels
+from tests.fixtures import reference
+from tests.unit.test_model import PROMPT, prefill, ref_for, runner_for
+
+MODELS = ["gguf_q4_k_m", "gguf_q8_0", "gguf_quant"]
+INTEGER = ["int8", "int16"]
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> None:
+    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def runner(tiny: TinyModels, which: str, numerics: str, kv: str = "f32") -> ModelRunner:
+    return runner_for(getattr(tiny, which), num_blocks=700, numerics=numerics, kv_cache_dtype=kv)
+
+
+@pytest.mark.parametrize("kv", ["f32", "f16"])
+@pytest.mark.parametrize("numerics", INTEGER)
+@pytest.mark.parametrize("which", MODELS)
+def test_logits_alone_equal_logits_in_a_batch_of_64(
+    tiny: TinyModels, which: str, numerics: str, kv: str
+) -> None:
+    r = runner(tiny, which, numerics, kv)
+    rng = np.random.default_rng(5)
+    alone = prefill(r, PROMPT, list(range(8)), len(PROMPT))[-1]
+    # 63 others: prefill chunks of many lengths and decodes after cached contexts
+    chunks = [SeqChunk(PROMPT, 0, list(range(8, 16)), 1)]
+    for s in range(63):
+        length = int(rng.integers(1, 40))
+        ids = rng.integers(0, 256, length).tolist()
+        table = list(range(16 + 10 * s, 26 + 10 * s))
+        if s % 2:  # a decode after a cached context
+            if length > 1:
+                prefill(r, ids[:-1], table, 64)
+            chunks.append(SeqChunk(ids[-1:], length - 1, table, 1))
+        else:
+            chunks.append(SeqChunk(ids, 0, table, 1))
+    order = rng.permutation(64)
+    batch = Batch.build([chunks[i] for i in order], r.block_size)
+    together = r.run(batch)
+    same_bits(together[int(np.flatnonzero(order == 0)[0])], alone)
+
+
+@pytest.mark.parametrize("numerics", INTEGER)
+@pytest.mark.parametrize("which", MODELS)
+def test_chunked_prefill_and_a_cached_prefix_equal_the_whole_prefill(
+    tiny: TinyModels, which: str, numerics: str
+) -> None:
+    r = runner(tiny, which, numerics)
+    whole = prefill(r, PROMPT, list(range(8)), len(PROMPT))
+    for chunk in (1, 4, 9):
+        same_bits(prefill(r, PROMPT, list(range(8, 16)), chunk), whole)
+    # a second request sharing the first one's cached blocks 0..3 (16 tokens) prefills only
+    # its suffix
+    table = [0, 1, 2, 3, 20, 21]
+    suffix = SeqChunk(PROMPT[16:], 16, table, len(PROMPT) - 16)
+    same_bits(r.run(Batch.build([suffix], r.block_size)), whole[16:])
+
+
+@pytest.mark.parametrize("numerics", INTEGER)
+def test_every_isa_path_and_thread_count_gives_the_same_logits(
+    tiny: TinyModels, numerics: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = runner(tiny, "gguf_q4_k_m", numerics)
+    outs = []
+    for isa in dot.supported():
+        monkeypatch.setattr(weights, "ISA", isa)
+        for n_threads in (1, 2):
+            with threads.limited(n_threads):
+                outs.append(prefill(r, PROMPT, list(range(8)), 5))
+    for out in outs[1:]:
+        same_bits(out, outs[0])
+
+
+@pytest.mark.parametrize("numerics", ["exact", *INTEGER])
+@pytest.mark.parametrize("which", ["gguf_q4_k_m", "gguf_q8_0"])
+def test_logits_stay_close_to_the_float64_reference(
+    tiny: TinyModels, which: str, numerics: str
+) -> None:
+    cfg, state = ref_for(getattr(tiny, which))
+    want, _ = reference.forward(cfg, state, PROMPT)
+    got = prefill(runner(tiny, which, numerics), PROMPT, list(range(8)), len(PROMPT))
+    tol = {"exact": 2e-4, "int16": 1e-3, "int8": 5e-2}[numerics]
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.abs(want).max())
+
+
+def test_a_type_not_served_is_refused_naming_tensor_and_type(
+    tiny: TinyModels, tmp_path: Path
+) -> None:
+    reader = gguf.GGUFReader(tiny.gguf_q8_0)
+    writer = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), "llama")
+    for field in reader.fields.values():
+        if field.name.startswith(("llama.", "tokenizer.")):
+            sub = field.types[-1] if len(field.types) > 1 else None
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub)
+    tq2 = gguf.GGMLQuantizationType.TQ2_0
+    for t in reader.tensors:
+        data = np.asarray(t.data)
+        if t.name == "blk.1.ffn_up.weight":  # (512, 256): any bytes are TQ2_0 blocks
+            size = gguf.GGML_QUANT_SIZES[tq2][1]
+            raw = np.random.default_rng(0).integers(0, 256, (512, size), dtype=np.uint8)
+            writer.add_tensor(t.name, raw, raw_dtype=tq2)
+        else:
+            writer.add_tensor(t.name, data, raw_dtype=gguf.GGMLQuantizationType(t.tensor_type))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match=r"blk\.1\.ffn_up\.weight: GGUF type TQ2_0 is not served"):
+        ModelRunner.from_path(tmp_path / "bad.gguf", 4, 8, 0, 64)

@@ -1,0 +1,168 @@
+"""Every GGUF type: decoded bit-exact against gguf.quants.dequantize, and every panel kernel
+on every ISA path this host runs equal to the portable path bit for bit and to float64."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from enginecore import weights
+from enginecore.kernels import dot, panels, threads
+from enginecore.loader import gguf_types
+from enginecore.weights import Numerics, PackedMatrix
+from tests.fixtures.quant_blocks import FP16_FIELDS, random_blocks
+
+Q = gguf.GGMLQuantizationType
+TYPES = sorted(FP16_FIELDS, key=lambda t: t.name)
+RNG = np.random.default_rng(11)
+ROWS, COLS = 37, 512  # a part-filled last panel; two K-quant super-blocks
+
+
+def blocks(qtype: Q, rows: int = ROWS, cols: int = COLS) -> tuple[np.ndarray, np.ndarray]:
+    raw = random_blocks(qtype, rows, cols, RNG)
+    return raw, gguf.quants.dequantize(raw, qtype).astype(np.float32)
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+def test_every_type_of_the_issue_is_decoded() -> None:
+    assert set(gguf_types.DECODERS) == set(FP16_FIELDS)
+    assert {t.name for t in TYPES} >= {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K",
+                                       "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"}  # fmt: skip
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_decoding_is_bit_exact_against_gguf(qtype: Q) -> None:
+    raw, want = blocks(qtype)
+    dec = gguf_types.decode(qtype, raw)
+    assert dec.four_bit == (int(dec.v.max()) < 16) or not dec.four_bit
+    np.testing.assert_array_equal(bits(gguf_types.dequantize(dec)), bits(want))
+
+
+@pytest.mark.parametrize("numerics", list(Numerics))
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_embedding_lookup_dequantizes_the_rows_bit_exact(qtype: Q, numerics: Numerics) -> None:
+    raw, want = blocks(qtype)
+    m = PackedMatrix.pack(qtype.name, gguf_types.decode(qtype, raw), numerics)
+    ids = np.array([36, 0, 17, 17, 5], np.int32)
+    out = np.empty((ids.size, COLS), np.float32)
+    m.gather(ids, out)
+    np.testing.assert_array_equal(bits(out), bits(want[ids]))
+
+
+def reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    return x.astype(np.float64) @ w.astype(np.float64).T
+
+
+def close(got: np.ndarray, want: np.ndarray, rel: float) -> None:
+    assert np.abs(got - want).max() <= rel * np.abs(want).max()
+
+
+@pytest.mark.parametrize("n", [1, 3, weights.EXACT_STREAM_MAX_ROWS + 5])
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_exact_mode_equals_float64_on_both_paths(qtype: Q, n: int) -> None:
+    raw, w = blocks(qtype)
+    m = PackedMatrix.pack(qtype.name, gguf_types.decode(qtype, raw), Numerics.EXACT)
+    x = RNG.standard_normal((n, COLS)).astype(np.float32)
+    out = np.full((n, ROWS + 7), np.nan, np.float32)
+    m.matmul(x, out, 3)  # columns 3.. of a wider output, as a part of a fused matrix
+    close(out[:, 3 : 3 + ROWS], reference(x, w), 2e-6)
+    assert np.isnan(out[:, :3]).all() and np.isnan(out[:, 3 + ROWS :]).all()
+
+
+def quantized_reference(x: np.ndarray, w: np.ndarray, numerics: Numerics) -> np.ndarray:
+    """x rounded per block of 32 as the kernels do, times w, in float64."""
+    a = weights.quantize(x, numerics)
+    xr = a.xq.astype(np.float64) * np.repeat(a.xa.astype(np.float64), 32, axis=1)
+    return xr @ w.astype(np.float64).T
+
+
+INTEGER = [Numerics.INT8, Numerics.INT16]
+
+
+@pytest.mark.parametrize("numerics", INTEGER)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_integer_paths_equal_portable_bit_for_bit(
+    qtype: Q, numerics: Numerics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raw, w = blocks(qtype)
+    m = PackedMatrix.pack(qtype.name, gguf_types.decode(qtype, raw), numerics)
+    x = RNG.standard_normal((5, COLS)).astype(np.float32) * 3
+    outs = {}
+    for isa in dot.supported():
+        monkeypatch.setattr(weights, "ISA", isa)
+        outs[isa] = np.full((5, ROWS), np.nan, np.float32)
+        m.matmul(x, outs[isa])
+    for isa, out in outs.items():
+        np.testing.assert_array_equal(bits(out), bits(outs[dot.Isa.PORTABLE]), err_msg=isa.name)
+    close(outs[dot.Isa.PORTABLE], quantized_reference(x, w, numerics), 2e-6)
+    rel = 2e-2 if numerics == Numerics.INT8 else 1e-4  # against unquantized activations
+    close(outs[dot.Isa.PORTABLE], reference(x, w), rel)
+
+
+@pytest.mark.parametrize("isa", list(dot.Isa), ids=lambda i: i.name)
+def test_isa_paths_the_host_lacks_are_reported(isa: dot.Isa) -> None:
+    if isa not in dot.supported():
+        pytest.skip(f"this host cannot run {isa.name}")
+    assert isa <= dot.SELECTED
+
+
+@pytest.mark.parametrize("numerics", INTEGER)
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0], ids=lambda t: t.name)
+def test_a_row_gets_the_same_bits_alone_in_any_batch_and_thread_split(
+    qtype: Q, numerics: Numerics
+) -> None:
+    raw, _ = blocks(qtype, 70, 256)
+    m = PackedMatrix.pack(qtype.name, gguf_types.decode(qtype, raw), numerics)
+    batch = RNG.standard_normal((64, 256)).astype(np.float32)
+    together = np.empty((64, 70), np.float32)
+    m.matmul(batch, together)
+    for t in (0, 31, 63):
+        alone = np.empty((1, 70), np.float32)
+        with threads.limited(1):
+            m.matmul(batch[t : t + 1], alone)
+        np.testing.assert_array_equal(bits(alone[0]), bits(together[t]))
+
+
+def test_quantized_activations_round_per_block() -> None:
+    x = RNG.standard_normal((2, 64)).astype(np.float32)
+    x[1, 32:] = 0  # an all-zero block
+    for numerics, qmax in ((Numerics.INT8, 127), (Numerics.INT16, 32767)):
+        a = weights.quantize(x, numerics)
+        amax = np.abs(x.reshape(2, 2, 32)).max(-1)
+        np.testing.assert_array_equal(a.xa, (amax / np.float32(qmax)).astype(np.float32))
+        assert np.abs(a.xq).max() == qmax and not a.xq[1, 32:].any()
+        np.testing.assert_array_equal(a.xb, a.xq.reshape(2, 4, 16).astype(np.int32).sum(-1))
+        err = np.abs(a.xq * np.repeat(a.xa, 32, axis=1) - x)
+        assert (err <= np.repeat(a.xa, 32, axis=1) * 0.5 * (1 + 1e-6)).all()
+
+
+def test_mixed_parts_fuse_along_the_output_dimension() -> None:
+    parts = [blocks(t, 20, 256) for t in (Q.Q4_K, Q.Q4_K, Q.Q6_K)]
+    dense = RNG.standard_normal((9, 256)).astype(np.float32)
+    x = RNG.standard_normal((2, 256)).astype(np.float32)
+    want = reference(x, np.concatenate([w for _, w in parts] + [dense]))
+    for numerics in Numerics:
+        decoded = [(t.name, gguf_types.decode(t, raw)) for t, (raw, _) in
+                   zip((Q.Q4_K, Q.Q4_K, Q.Q6_K), parts, strict=True)]  # fmt: skip
+        m = weights.fuse([*decoded, dense], numerics)
+        assert isinstance(m, weights.FusedMatrix)
+        assert [p.shape[0] for p in m.parts] == [40, 20, 9]  # the two Q4_K parts are one
+        out = np.empty((2, 69), np.float32)
+        m.matmul(x, out)
+        close(out, want, 1e-5 if numerics == Numerics.EXACT else 3e-2)
+
+
+def test_portable_sums_match_numpy_integers() -> None:
+    dec = gguf_types.decode(Q.Q5_1, blocks(Q.Q5_1, 16, 64)[0])
+    for numerics in INTEGER:
+        m = PackedMatrix.pack("Q5_1", dec, numerics)
+        xq = RNG.integers(-100, 100, (1, 64)).astype(
+            np.int16 if numerics == Numerics.INT16 else np.int8
+        )
+        s16 = np.empty(16, np.int32)
+        panels._portable_sums(m.lanes, 0, 0, 32 // m.lanes.itemsize, False, xq, 0, 0, s16)
+        np.testing.assert_array_equal(s16, dec.v[:, :32].astype(np.int64) @ xq[0, :32])
