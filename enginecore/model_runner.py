@@ -77,6 +77,12 @@ class ModelRunner:
             batch.block_tables, batch.slot_mapping, batch.sample_rows, return_hidden,
         )  # fmt: skip
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks, every layer: (source, destination) block ids."""
+        src, dst = (np.asarray(ids, np.intp) for ids in zip(*pairs, strict=True))
+        self.cache.k[:, dst] = self.cache.k[:, src]
+        self.cache.v[:, dst] = self.cache.v[:, src]
+
     def hidden_states(self, chunks: list[SeqChunk]) -> F32:
         """Final-normed hidden states (rows, d) of every token the chunks feed, chunk by chunk
         (each chunk's num_sample is its length)."""

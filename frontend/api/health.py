@@ -1,8 +1,10 @@
-"""The health port: GET /healthz (also on the API port), /readyz and /metrics."""
+"""The health port: GET /healthz (also on the API port), /readyz and /metrics; and the probes
+vLLM's users call on the API port: /health, /ping, /version."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from importlib import metadata
 
 from aiohttp import web
 
@@ -27,6 +29,10 @@ class Liveness:
         return json_response({"status": "ok"})
 
 
+async def version(request: web.Request) -> web.Response:
+    return json_response({"version": metadata.version("tl-serve")})
+
+
 class HealthRoutes:
     """The health port: GET /healthz, /readyz and /metrics."""
 
@@ -46,7 +52,8 @@ class HealthRoutes:
         self._peers = peers  # the /metrics text of the other workers, to add to ours
 
     async def readyz(self, request: web.Request) -> web.Response:
-        """Readiness: 503 while draining or while no core has handshaken."""
+        """Readiness: 503 while draining or while no core has handshaken. It is also vLLM's
+        /health and SageMaker's /ping on the API port (200 while the engine core serves)."""
         if self._drain_gate.draining:
             return json_response({"status": "draining"}, 503)
         if not self._core.ready:

@@ -27,10 +27,11 @@ class SSEStream:
     client take what it got for the whole answer.
     """
 
-    __slots__ = ("_request", "ended", "response")
+    __slots__ = ("_request", "ended", "request_id", "response")
 
-    def __init__(self, request: web.Request) -> None:
+    def __init__(self, request: web.Request, request_id: str | None = None) -> None:
         self._request = request
+        self.request_id = request_id  # named in an error event
         self.response = web.StreamResponse(
             status=200,
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -50,7 +51,7 @@ class SSEStream:
 
     async def error(self, error: ServingError) -> None:
         """An OpenAI-shaped error event; the stream ends without [DONE]."""
-        await self.send(error.to_document())
+        await self.send(error.to_document(self.request_id))
         await self.response.write_eof()
         self.ended = True
 
