@@ -11,6 +11,8 @@ from shared.protocol import Rejected, RejectReason, TokenEvent
 
 Item = TokenEvent | ServingError
 
+MERGE_AFTER: Final = 16  # events of one choice waiting before later ones merge into the last
+
 # core refusal -> what the client sees
 _REJECTIONS: Final = {
     RejectReason.QUEUE_FULL: ErrorCode.RATE_LIMIT_EXCEEDED,
@@ -36,9 +38,10 @@ class RequestStream:
     """The TokenEvents of every choice of one HTTP request until each has finished, or a
     single ServingError.
 
-    A handler that lags behind the core (its client reads slowly) finds one event per choice
-    holding every token that came meanwhile, not one event per step: what waits for a slow
-    reader is bounded by its token count, and it catches up in one write.
+    A handler that lags behind the core (its client reads slowly) finds at most MERGE_AFTER
+    events per choice, the last holding every token that came meanwhile, not one event per
+    step: what waits for a slow reader is bounded by its token count, and it catches up in a
+    few writes. (A handler that keeps up sees one event per step.)
 
     The request is one Submit per prompt (`rids`), each with `n` choices; an event comes out
     with `index` rewritten to its choice in the whole request, prompt-major (p * n + j).
@@ -48,10 +51,11 @@ class RequestStream:
         "_dropped",
         "_error",
         "_items",
+        "_last",
         "_left",
         "_offsets",
+        "_queued",
         "_unadmitted",
-        "_waiting",
         "_wakeup",
         "closed",
         "n",
@@ -66,7 +70,8 @@ class RequestStream:
         self._unadmitted = set(rids)
         self._dropped: set[int] = set()  # choices the handler ended itself (a stop string)
         self._items: deque[Item] = deque()
-        self._waiting: dict[int, TokenEvent] = {}  # the queued event of each choice, by index
+        self._last: dict[int, TokenEvent] = {}  # the last queued event of each choice, by index
+        self._queued: dict[int, int] = {}  # how many events of each choice are queued
         self._error: ServingError | None = None
         self._wakeup = asyncio.Event()
         self.closed = False  # the core is done with it: finished, refused, aborted or lost
@@ -95,11 +100,12 @@ class RequestStream:
         self._unadmitted.discard(rid)  # an event is proof of admission
         item.index += self._offsets[rid]
         if item.index not in self._dropped:
-            waiting = self._waiting.get(item.index)
-            if waiting is not None:
-                _merge(waiting, item)
+            last = self._last.get(item.index)
+            if last is not None and self._queued[item.index] >= MERGE_AFTER:
+                _merge(last, item)
             else:
-                self._waiting[item.index] = item
+                self._last[item.index] = item
+                self._queued[item.index] = self._queued.get(item.index, 0) + 1
                 self._items.append(item)
             self._wakeup.set()
             if item.finish is not None:
@@ -140,7 +146,9 @@ class RequestStream:
                     return None
         item = self._items.popleft()
         if isinstance(item, TokenEvent):
-            del self._waiting[item.index]
+            self._queued[item.index] -= 1
+            if self._last.get(item.index) is item:
+                del self._last[item.index]
         return item
 
     @property

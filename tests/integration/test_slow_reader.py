@@ -1,5 +1,5 @@
 """Backpressure: while a stream's writes are held (its client does not read), what the core
-sends for it waits as one merged event, and the stream catches up whole when it resumes."""
+sends for it waits as a bounded number of events (the last merges the rest), and the stream catches up whole when it resumes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from frontend.api.sse import SSEStream
-from frontend.core.request_stream import Item, RequestStream
+from frontend.core.request_stream import MERGE_AFTER, Item, RequestStream
 from tests.conftest import TinyModels
 from tests.fixtures.frontend_harness import eventually, serving, sse_data
 
@@ -20,7 +20,7 @@ CHAT = "/v1/chat/completions"
 NUM_TOKENS = 600
 
 
-async def test_a_held_stream_waits_on_one_merged_event_and_loses_nothing(
+async def test_a_held_stream_waits_on_a_bounded_backlog_and_loses_nothing(
     tiny: TinyModels, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     resume = asyncio.Event()
@@ -38,12 +38,13 @@ async def test_a_held_stream_waits_on_one_merged_event_and_loses_nothing(
     most_pending = 0
     put = RequestStream.put
 
-    def watched_put(self: RequestStream, item: Item) -> None:
+    def watched_put(self: RequestStream, item: Item) -> bool:
         nonlocal most_pending
         if self not in streams:
             streams.append(self)
-        put(self, item)
+        done = put(self, item)
         most_pending = max(most_pending, self.pending)
+        return done
 
     monkeypatch.setattr(SSEStream, "send", held_send)
     monkeypatch.setattr(RequestStream, "put", watched_put)
@@ -61,7 +62,7 @@ async def test_a_held_stream_waits_on_one_merged_event_and_loses_nothing(
         most_pending = 0
         async with session.post(s.api + CHAT, json=body | {"stream": True}) as resp:
             await eventually(lambda: bool(streams) and streams[0].closed)  # the core is done
-            assert most_pending == 1  # every token of the wait in one event
+            assert most_pending == MERGE_AFTER  # the rest of the wait merged into the last
             resume.set()
             events = sse_data((await resp.read()).decode())
     assert events[-1] == "[DONE]"

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from frontend.core.request_stream import RequestStream
+from frontend.core.request_stream import MERGE_AFTER, RequestStream
 from shared.errors import ErrorCode, ServingError
 from shared.protocol import FinishReason, TokenEvent, TokenLogprob
 
@@ -61,45 +61,63 @@ def logprob(token: int) -> TokenLogprob:
     return TokenLogprob(token, -0.5, [])
 
 
-async def test_events_not_taken_yet_merge_into_one() -> None:
+async def taken(stream: RequestStream) -> list[TokenEvent]:
+    events = []
+    while (event := await stream.get(0)) is not None:
+        assert isinstance(event, TokenEvent)
+        events.append(event)
+    return events
+
+
+async def test_events_beyond_the_bound_merge_into_the_last() -> None:
     stream = RequestStream(["r"])
     stream.put(TokenEvent("r", [1], None, num_prompt_tokens=5, num_cached_tokens=4))
     for token in range(2, 1001):
         stream.put(TokenEvent("r", [token]))
     stream.put(TokenEvent("r", [1001], FinishReason.LENGTH))
-    assert stream.pending == 1 and stream.closed
-    event = await stream.get()
-    assert isinstance(event, TokenEvent)
-    assert event.token_ids == list(range(1, 1002))
-    assert (event.finish, event.num_prompt_tokens, event.num_cached_tokens) == (
-        FinishReason.LENGTH,
-        5,
-        4,
-    )
+    assert stream.pending == MERGE_AFTER and stream.closed
+    events = await taken(stream)
+    assert [t for e in events for t in e.token_ids] == list(range(1, 1002))
+    assert [len(e.token_ids) for e in events[:-1]] == [1] * (MERGE_AFTER - 1)
+    assert (events[0].num_prompt_tokens, events[0].num_cached_tokens) == (5, 4)
+    assert events[-1].finish is FinishReason.LENGTH
+
+
+async def test_a_handler_that_keeps_up_sees_one_event_per_step() -> None:
+    stream = RequestStream(["r"])
+    for token in range(1, 100):
+        stream.put(TokenEvent("r", [token]))
+        event = await stream.get(0)
+        assert isinstance(event, TokenEvent) and event.token_ids == [token]
 
 
 async def test_logprobs_merge_with_their_tokens_and_an_error_stays_apart() -> None:
     stream = RequestStream(["r"])
-    stream.put(TokenEvent("r", [1], logprobs=[logprob(1)]))
-    assert isinstance(await stream.get(), TokenEvent)  # taken: the next event is new
-    stream.put(TokenEvent("r", [2], logprobs=[logprob(2)]))
-    stream.put(TokenEvent("r", [3, 4], logprobs=[logprob(3), logprob(4)]))
+    last = MERGE_AFTER + 3
+    for token in range(1, last + 1):
+        stream.put(TokenEvent("r", [token], logprobs=[logprob(token)]))
     stream.put(ServingError(ErrorCode.ENGINE_UNAVAILABLE, "gone"))
-    assert stream.pending == 2
-    event = await stream.get()
-    assert isinstance(event, TokenEvent)
-    assert event.token_ids == [2, 3, 4]
-    assert [lp.token_id for lp in event.logprobs or []] == [2, 3, 4]
-    assert isinstance(await stream.get(), ServingError)
+    assert stream.pending == MERGE_AFTER + 1
+    *_, merged = await taken_until_error(stream)
+    assert merged.token_ids == list(range(MERGE_AFTER, last + 1))
+    assert [lp.token_id for lp in merged.logprobs or []] == merged.token_ids
+
+
+async def taken_until_error(stream: RequestStream) -> list[TokenEvent]:
+    events = []
+    while isinstance(event := await stream.get(0), TokenEvent):
+        events.append(event)
+    assert isinstance(event, ServingError)
+    return events
 
 
 async def test_the_choices_of_a_request_merge_apart() -> None:
     stream = RequestStream(["r"], n=2)
-    for token in range(1, 4):
+    for token in range(1, 3 * MERGE_AFTER):
         stream.put(TokenEvent("r", [token], index=0))
-        stream.put(TokenEvent("r", [10 + token], index=1))
-    assert stream.pending == 2
-    first, second = await stream.get(0), await stream.get(0)
-    assert isinstance(first, TokenEvent) and isinstance(second, TokenEvent)
-    assert (first.index, first.token_ids) == (0, [1, 2, 3])
-    assert (second.index, second.token_ids) == (1, [11, 12, 13])
+        stream.put(TokenEvent("r", [1000 + token], index=1))
+    assert stream.pending == 2 * MERGE_AFTER
+    events = await taken(stream)
+    for index, base in ((0, 0), (1, 1000)):
+        tokens = [t for e in events if e.index == index for t in e.token_ids]
+        assert tokens == [base + t for t in range(1, 3 * MERGE_AFTER)]
