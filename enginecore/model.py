@@ -1,8 +1,11 @@
-"""The llama forward pass over a paged KV cache, one kernel call per line.
+"""The decoder forward pass over a paged KV cache, one kernel call per line.
 
-A call runs a flattened varlen batch: any mix of prefill chunks (a slice of a prompt at any
-start position, attending to what is already cached) and single-token decodes. Only the rows
-that will be sampled reach the lm_head.
+One function serves every architecture (llama, qwen2, qwen3, gemma3, phi3): what differs between
+them is data in ModelConfig (each layer's RoPE and attention window, the activation, the query
+scale, embedding scaling, logit softcapping) and optional weights (q/k/v biases, per-head q/k
+norms, norms of the sublayer outputs). A call runs a flattened varlen batch: any mix of
+prefill chunks (a slice of a prompt at any start position, attending to what is already
+cached) and single-token decodes. Only the rows that will be sampled reach the lm_head.
 """
 
 from __future__ import annotations
@@ -21,6 +24,19 @@ from enginecore.weights import EXACT_STREAM_MAX_ROWS, F32, I32, Weights
 BLAS_ATTENTION_MIN_ROWS = 16
 
 
+ACTIVATIONS = ("silu", "gelu_tanh")  # of the gate of the gated MLP: SwiGLU, GeGLU
+
+
+@dataclass(frozen=True, slots=True)
+class Rope:
+    """Rotate-half RoPE of a layer: frequency i is theta ** (-2 i / head_dim) / factors[i]
+    (Llama 3's scaling; None: all 1), at positions divided by `linear` (linear scaling)."""
+
+    theta: float
+    factors: tuple[float, ...] | None = None
+    linear: float = 1.0
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     vocab_size: int
@@ -30,10 +46,15 @@ class ModelConfig:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    rope_theta: float
     rms_eps: float
     max_position: int  # the context the model was trained for
     tie_embeddings: bool
+    layer_rope: tuple[Rope, ...]  # one per layer
+    layer_window: tuple[int, ...]  # one per layer: attend to the last `window` positions, 0: all
+    query_scale: float  # q.k is multiplied by it (1 / sqrt(head_dim) but for Gemma's scalar)
+    activation: str = "silu"
+    embed_scale: float = 1.0  # the embedding rows are multiplied by it (Gemma: sqrt(hidden))
+    final_softcap: float = 0.0  # logits = cap * tanh(logits / cap) when > 0
 
     def __post_init__(self) -> None:
         """Refuse shapes no real model has before anything is allocated for them (a file
@@ -57,8 +78,21 @@ class ModelConfig:
                 f"model config: {self.num_heads} heads over {self.num_kv_heads} kv heads of "
                 f"dimension {self.head_dim}"
             )
-        if not (self.rope_theta > 0 and 0 < self.rms_eps < 1):
-            raise ValueError(f"model config rope_theta {self.rope_theta}, rms_eps {self.rms_eps}")
+        if not 0 < self.rms_eps < 1:
+            raise ValueError(f"model config rms_eps {self.rms_eps}")
+        if len(self.layer_rope) != self.num_layers or len(self.layer_window) != self.num_layers:
+            raise ValueError(f"model config: rope and window of {self.num_layers} layers expected")
+        for rope in self.layer_rope:
+            n_freq = self.head_dim // 2
+            if not (rope.theta > 0 and rope.linear > 0) or (
+                rope.factors is not None
+                and (len(rope.factors) != n_freq or not all(f > 0 for f in rope.factors))
+            ):
+                raise ValueError(f"model config: {rope} for heads of dimension {self.head_dim}")
+        if any(w < 0 for w in self.layer_window) or self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"model config windows {self.layer_window}, activation {self.activation!r}"
+            )
 
     @property
     def q_dim(self) -> int:
@@ -69,12 +103,19 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
 
-def rope_tables(cfg: ModelConfig, max_pos: int) -> tuple[F32, F32]:
-    """cos, sin (max_pos, head_dim // 2) for rotate-half RoPE."""
+def rope_tables(cfg: ModelConfig, max_pos: int) -> list[tuple[F32, F32]]:
+    """Per layer: cos, sin (max_pos, head_dim // 2) for rotate-half RoPE (layers with the same
+    RoPE share their tables)."""
     half = cfg.head_dim // 2
-    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(half, dtype=np.float64) * 2 / cfg.head_dim))
-    angles = np.outer(np.arange(max_pos, dtype=np.float64), inv_freq)
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    tables: dict[Rope, tuple[F32, F32]] = {}
+    for rope in cfg.layer_rope:
+        if rope not in tables:
+            inv_freq = 1.0 / (rope.theta ** (np.arange(half, dtype=np.float64) * 2 / cfg.head_dim))
+            if rope.factors is not None:
+                inv_freq /= np.asarray(rope.factors, np.float64)
+            angles = np.outer(np.arange(max_pos, dtype=np.float64) / rope.linear, inv_freq)
+            tables[rope] = (np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32))
+    return [tables[rope] for rope in cfg.layer_rope]
 
 
 KV_DTYPES = {"f32": np.float32, "f16": np.uint16}  # f16: fp16 bits (kernels/f16.py)
@@ -100,7 +141,7 @@ def forward(
     cfg: ModelConfig,
     w: Weights,
     cache: KVCache,
-    rope: tuple[F32, F32],
+    rope: list[tuple[F32, F32]],  # per layer (rope_tables)
     token_ids: I32,  # (n,)
     positions: I32,  # (n,)
     seq_of_token: I32,  # (n,) row of block_tables
@@ -129,7 +170,7 @@ def _forward(
     cfg: ModelConfig,
     w: Weights,
     cache: KVCache,
-    rope: tuple[F32, F32],
+    rope: list[tuple[F32, F32]],
     token_ids: I32,
     positions: I32,
     seq_of_token: I32,
@@ -140,7 +181,6 @@ def _forward(
     blas: bool,
 ) -> F32:
     n, d, eps = token_ids.shape[0], cfg.hidden_size, cfg.rms_eps
-    cos, sin = rope
     x = np.empty((n, d), np.float32)  # residual stream
     h = np.empty((n, d), np.float32)  # normed input of a sublayer
     qkv = np.empty((n, cfg.q_dim + 2 * cfg.kv_dim), np.float32)
@@ -154,23 +194,38 @@ def _forward(
     plan = attention.plan(seq_of_token, BLAS_ATTENTION_MIN_ROWS if split_rows else None)
     rotate = ops.rope_parallel if split_rows else ops.rope
     add_rmsnorm = ops.add_rmsnorm_parallel if split_rows else ops.add_rmsnorm
-    silu_mul = ops.silu_mul_parallel if split_rows else ops.silu_mul
+    if cfg.activation == "silu":
+        activate = ops.silu_mul_parallel if split_rows else ops.silu_mul
+    else:
+        activate = ops.gelu_mul_parallel if split_rows else ops.gelu_mul
 
     w.embed.gather(token_ids, x)
+    if cfg.embed_scale != 1.0:
+        x *= np.float32(cfg.embed_scale)
     ops.rmsnorm(x, w.layers[0].attn_norm, eps, h)
     for layer, lw in enumerate(w.layers):
         lw.wqkv.matmul(h, qkv)  # [q | k | v]
+        if lw.qkv_bias is not None:
+            qkv += lw.qkv_bias
+        if lw.q_norm is not None and lw.k_norm is not None:  # each head, before RoPE
+            ops.head_rmsnorm(qkv, 0, cfg.num_heads, cfg.head_dim, lw.q_norm, eps)
+            ops.head_rmsnorm(qkv, cfg.q_dim, cfg.num_kv_heads, cfg.head_dim, lw.k_norm, eps)
+        cos, sin = rope[layer]
         rotate(qkv, positions, cos, sin, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
         attention.store_kv(qkv, slot_mapping, cfg.q_dim, cfg.kv_dim, cache.k[layer], cache.v[layer])
         attention.attend(
-            qkv, plan, seq_of_token, positions, block_tables,
-            cache.k[layer], cache.v[layer], cfg.num_heads, att,
+            qkv, plan, seq_of_token, positions, block_tables, cache.k[layer], cache.v[layer],
+            cfg.num_heads, att, cfg.layer_window[layer], cfg.query_scale,
         )  # fmt: skip
         lw.wo.matmul(att, proj)
+        if lw.post_attn_norm is not None:
+            ops.rmsnorm(proj, lw.post_attn_norm, eps, proj)
         add_rmsnorm(x, proj, lw.ffn_norm, eps, h)  # x += proj; h = norm(x)
         lw.w_gate_up.matmul(h, gate_up)
-        silu_mul(gate_up, act)
+        activate(gate_up, act)
         lw.w_down.matmul(act, proj)
+        if lw.post_ffn_norm is not None:
+            ops.rmsnorm(proj, lw.post_ffn_norm, eps, proj)
         if layer + 1 < len(w.layers):
             add_rmsnorm(x, proj, w.layers[layer + 1].attn_norm, eps, h)
         else:
@@ -183,4 +238,7 @@ def _forward(
         return out
     logits = np.empty((rows.shape[0], cfg.vocab_size), np.float32)
     w.lm_head.matmul(out, logits)
+    if cfg.final_softcap > 0:
+        cap = np.float32(cfg.final_softcap)
+        logits = np.tanh(logits / cap) * cap
     return logits

@@ -257,12 +257,19 @@ def _build(run: list[Part], numerics: Numerics) -> DenseMatrix | PackedMatrix:
 
 @dataclass(slots=True)
 class LayerWeights:
+    """Norm weights are the multipliers themselves (Gemma's (1 + w) already added)."""
+
     attn_norm: F32  # (d,)
     wqkv: Matrix  # (q_dim + 2 * kv_dim, d), q and k rows in HF (rotate-half) order
     wo: Matrix  # (d, q_dim)
     ffn_norm: F32  # (d,)
     w_gate_up: Matrix  # (2 * ffn, d) = [gate; up]
     w_down: Matrix  # (d, ffn)
+    qkv_bias: F32 | None = None  # (q_dim + 2 * kv_dim,)
+    q_norm: F32 | None = None  # (head_dim,): each query head normed before RoPE
+    k_norm: F32 | None = None  # (head_dim,)
+    post_attn_norm: F32 | None = None  # (d,): the attention output normed before the residual
+    post_ffn_norm: F32 | None = None  # (d,): the MLP output normed before the residual
 
 
 @dataclass(slots=True)

@@ -3,6 +3,8 @@
 KV cache of one layer: k_cache, v_cache (n_blocks, block_size, n_kv_heads, head_dim) float32,
 or uint16 holding fp16 bits (kv_cache_dtype = "f16": half the bytes every decode streams).
 A token's cache slot is block_table[pos // block_size] * block_size + pos % block_size.
+A sliding-window layer (window > 0) lets the token at position p see positions
+p - window + 1 .. p only; the query scale is the model's (1 / sqrt(head_dim) for most).
 
 Two paths, chosen per sequence run by `plan`: the numba kernel (decodes, short chunks; one
 item per token streams its context's K and V blocks once for all heads), and, for long
@@ -51,26 +53,32 @@ def store_kv(qkv, slot_mapping, q_dim, kv_dim, k_cache, v_cache):
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
-def _softmax_row(s, r, lim, scale):
-    # s[r, :lim] in place -> softmax(scale * s[r, :lim])
+def _softmax_row(s, r, lo, lim, scale):
+    # s[r, lo:lim] in place -> softmax(scale * s[r, lo:lim])
     m = np.float32(-1e30)  # not -inf: fastmath assumes finite values
-    for p in range(lim):
+    for p in range(lo, lim):
         m = max(m, s[r, p])
     total = np.float32(0.0)
-    for p in range(lim):
+    for p in range(lo, lim):
         e = fast_exp((s[r, p] - m) * scale)
         s[r, p] = e
         total += e
     inv = np.float32(1.0) / total
-    for p in range(lim):
+    for p in range(lo, lim):
         s[r, p] *= inv
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _first_visible(pos, window):
+    # the first position a token at `pos` attends to (window 0: the whole context)
+    return max(pos + 1 - window, 0) if window > 0 else 0
+
+
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
-def _scores(q, k_cache, table, ctx, group, sc):
-    # sc[h, p] = q[h] . k[p] for positions 0..ctx-1 of one sequence; q (n_heads, head_dim)
+def _scores(q, k_cache, table, lo, ctx, group, sc):
+    # sc[h, p] = q[h] . k[p] for positions lo..ctx-1 of one sequence; q (n_heads, head_dim)
     block_size, n_kv, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    for p in range(ctx):
+    for p in range(lo, ctx):
         krows = k_cache[table[p // block_size], p % block_size]
         for kvh in range(n_kv):
             for g in range(group):
@@ -82,10 +90,10 @@ def _scores(q, k_cache, table, ctx, group, sc):
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
-def _weighted_values(sc, v_cache, table, ctx, group, a):
-    # a[h] += sum_p sc[h, p] v[p] over positions 0..ctx-1 of one sequence
+def _weighted_values(sc, v_cache, table, lo, ctx, group, a):
+    # a[h] += sum_p sc[h, p] v[p] over positions lo..ctx-1 of one sequence
     block_size, n_kv, head_dim = v_cache.shape[1], v_cache.shape[2], v_cache.shape[3]
-    for p in range(ctx):
+    for p in range(lo, ctx):
         vrows = v_cache[table[p // block_size], p % block_size]
         for kvh in range(n_kv):
             for g in range(group):
@@ -97,11 +105,13 @@ def _weighted_values(sc, v_cache, table, ctx, group, a):
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
 def paged_attention(
-    qkv, tokens, seq_of_token, positions, block_tables, k_cache, v_cache, n_heads, out, workers
-):
+    qkv, tokens, seq_of_token, positions, block_tables, k_cache, v_cache, n_heads, out, workers,
+    window, scale,
+):  # fmt: skip
     # qkv (n, >= n_heads * head_dim): the roped queries come first; tokens (m,) int32: the
     # rows to attend for; seq_of_token (n,) int32: row of block_tables for each token;
-    # positions (n,) int32: token t attends to 0..positions[t]; out (n, n_heads * head_dim)
+    # positions (n,) int32: token t attends to 0..positions[t] (the last `window` of them when
+    # window > 0); out (n, n_heads * head_dim); scale: of q.k before the softmax
     # One item per token, all heads: a position's K (and V) rows of every kv head sit together
     # in the cache, so an item streams each block as one contiguous run, which the hardware
     # prefetcher follows (per token and kv head, the same bytes came as strided 256-byte
@@ -111,7 +121,6 @@ def paged_attention(
     # online softmax rescaling per block.
     n_kv, head_dim = k_cache.shape[2], k_cache.shape[3]
     group = n_heads // n_kv
-    scale = np.float32(1.0 / math.sqrt(head_dim))
     n_items = tokens.shape[0]
     max_ctx = 1
     for k in range(n_items):
@@ -125,33 +134,37 @@ def paged_attention(
             t = tokens[item]
             s = seq_of_token[t]
             ctx = positions[t] + 1
+            lo = _first_visible(positions[t], window)
             a, sc, q = acc[item], score[item], qs[item]
             for h in range(n_heads):
                 for i in range(head_dim):
-                    q[h, i] = qkv[t, h * head_dim + i] * scale
-            _scores(q, k_cache, block_tables[s], ctx, group, sc)
+                    q[h, i] = qkv[t, h * head_dim + i] * np.float32(scale)
+            _scores(q, k_cache, block_tables[s], lo, ctx, group, sc)
             for h in range(n_heads):  # q was scaled already
-                _softmax_row(sc, h, ctx, np.float32(1.0))
-            _weighted_values(sc, v_cache, block_tables[s], ctx, group, a)
+                _softmax_row(sc, h, lo, ctx, np.float32(1.0))
+            _weighted_values(sc, v_cache, block_tables[s], lo, ctx, group, a)
             for h in range(n_heads):
                 for i in range(head_dim):
                     out[t, h * head_dim + i] = a[h, i]
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
-def _causal_softmax(s, first_pos, scale):
+def _causal_softmax(s, first_pos, scale, window):
     # s (rows, ctx) q.k scores, in place -> softmax(scale * s) over the keys row r sees
-    # (0..first_pos + r), zero beyond
+    # (0..first_pos + r, or its last `window` when window > 0), zero elsewhere
     rows, ctx = s.shape
     for r in range(rows):
         lim = min(first_pos + r + 1, ctx)
-        _softmax_row(s, r, lim, scale)
+        lo = _first_visible(first_pos + r, window)
+        for p in range(lo):
+            s[r, p] = np.float32(0.0)
+        _softmax_row(s, r, lo, lim, scale)
         for p in range(lim, ctx):
             s[r, p] = np.float32(0.0)
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
-def chunk_attention(qkv, first, end, first_pos, keys, values, n_heads, out, workers):
+def chunk_attention(qkv, first, end, first_pos, keys, values, n_heads, out, workers, window, scale):
     # Rows first..end-1 of qkv / out are consecutive positions first_pos.. of one sequence;
     # keys, values (>= its context, n_kv, head_dim): its cache blocks, gathered. One item per
     # (query tile, head): two single-threaded sgemms into a scratch scores tile, the causal
@@ -159,7 +172,6 @@ def chunk_attention(qkv, first, end, first_pos, keys, values, n_heads, out, work
     # Workers take items round-robin, so each gets a share of every tile's heads.
     n_kv, head_dim = keys.shape[1], keys.shape[2]
     group = n_heads // n_kv
-    scale = np.float32(1.0 / math.sqrt(head_dim))
     n_items = n_heads * -(-(end - first) // QUERY_TILE)
     for w in prange(workers):
         for item in range(w, n_items, workers):
@@ -171,7 +183,7 @@ def chunk_attention(qkv, first, end, first_pos, keys, values, n_heads, out, work
             cols = h * head_dim
             s = np.empty((tb - ta, c), np.float32)
             gemm.sgemm_serial(qkv[ta:tb, cols : cols + head_dim], keys[:c, h // group], s, True)
-            _causal_softmax(s, pos0, scale)
+            _causal_softmax(s, pos0, np.float32(scale), window)
             gemm.sgemm_serial(s, values[:c, h // group], out[ta:tb, cols : cols + head_dim], False)
 
 
@@ -213,8 +225,13 @@ def attend(
     v_cache: npt.NDArray[np.float32] | npt.NDArray[np.uint16],
     n_heads: int,
     out: npt.NDArray[np.float32],
+    window: int = 0,
+    scale: float | None = None,
 ) -> None:
-    """out (n, n_heads * head_dim) = softmax(q k^T / sqrt(hd)) v over each token's context."""
+    """out (n, n_heads * head_dim) = softmax(scale q k^T) v over each token's context (its last
+    `window` positions when window > 0); scale defaults to 1 / sqrt(head_dim)."""
+    if scale is None:
+        scale = 1.0 / math.sqrt(k_cache.shape[3])
     n_tokens = p.kernel_tokens.shape[0]
     # a couple of ~30 us items do not pay for a parallel region (and under load, one region
     # costs a scheduler tick while the second thread waits for a core)
@@ -223,7 +240,7 @@ def attend(
             workers = min(numba.get_num_threads(), n_tokens)
             paged_attention(
                 qkv, p.kernel_tokens, seq_of_token, positions, block_tables,
-                k_cache, v_cache, n_heads, out, workers,
+                k_cache, v_cache, n_heads, out, workers, window, scale,
             )  # fmt: skip
     block_size = k_cache.shape[1]
     for first, end, seq in p.runs:
@@ -231,4 +248,7 @@ def attend(
         keys = _as_f32(k_cache[table].reshape(-1, k_cache.shape[2], k_cache.shape[3]))  # gathered
         values = _as_f32(v_cache[table].reshape(-1, v_cache.shape[2], v_cache.shape[3]))
         workers = numba.get_num_threads()
-        chunk_attention(qkv, first, end, int(positions[first]), keys, values, n_heads, out, workers)
+        chunk_attention(
+            qkv, first, end, int(positions[first]), keys, values, n_heads, out, workers,
+            window, scale,
+        )  # fmt: skip

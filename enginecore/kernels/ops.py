@@ -1,4 +1,4 @@
-"""Elementwise and per-row operations of the llama block, over preallocated fp32 arrays.
+"""Elementwise and per-row operations of the decoder block, over preallocated fp32 arrays.
 
 A few-row step's rows are too small to pay for waking a second thread, so the plain kernels
 are single-threaded; the `*_parallel` ones split the rows of a many-row (BLAS-mode) step over
@@ -51,6 +51,20 @@ def rmsnorm(x, w, eps, out):  # x (n, d), w (d,) -> out (n, d)
         scale = np.float32(1.0) / np.sqrt(ss / np.float32(dim) + np.float32(eps))
         for i in range(dim):
             out[t, i] = x[t, i] * scale * w[i]
+
+
+@njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
+def head_rmsnorm(x, col0, n_heads, head_dim, w, eps):
+    # in place: each of the n_heads head_dim-wide pieces of x[:, col0:] normed, times w (head_dim,)
+    for t in range(x.shape[0]):
+        for h in range(n_heads):
+            base = col0 + h * head_dim
+            ss = np.float32(0.0)
+            for i in range(head_dim):
+                ss += x[t, base + i] * x[t, base + i]
+            scale = np.float32(1.0) / np.sqrt(ss / np.float32(head_dim) + np.float32(eps))
+            for i in range(head_dim):
+                x[t, base + i] = x[t, base + i] * scale * w[i]
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
@@ -122,6 +136,28 @@ def silu_mul(gate_up, out):  # gate_up (n, 2 * f) = [gate | up] -> out (n, f) = 
 def silu_mul_parallel(gate_up, out):
     for t in prange(gate_up.shape[0]):
         _silu_mul_row(gate_up, out, t)
+
+
+@njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
+def _gelu_mul_row(gate_up, out, t):
+    # GELU in its tanh form (Gemma's gelu_pytorch_tanh)
+    f = out.shape[1]
+    for i in range(f):
+        g = gate_up[t, i]
+        inner = np.float32(0.7978845608028654) * (g + np.float32(0.044715) * g * g * g)
+        out[t, i] = np.float32(0.5) * g * (np.float32(1.0) + np.tanh(inner)) * gate_up[t, f + i]
+
+
+@njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
+def gelu_mul(gate_up, out):  # gate_up (n, 2 * f) = [gate | up] -> out (n, f) = gelu(gate) * up
+    for t in range(gate_up.shape[0]):
+        _gelu_mul_row(gate_up, out, t)
+
+
+@njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
+def gelu_mul_parallel(gate_up, out):
+    for t in prange(gate_up.shape[0]):
+        _gelu_mul_row(gate_up, out, t)
 
 
 @njit(cache=True, nogil=True)

@@ -1,30 +1,26 @@
-"""GGUF checkpoints via the `gguf` package: metadata -> ModelConfig, tensors -> Weights."""
+"""GGUF checkpoints via the `gguf` package: metadata -> ModelConfig, tensors -> Weights.
+
+Metadata keys and tensor names are llama.cpp's for each architecture; where llama.cpp fixes a
+value in code rather than in the file (Gemma 3's layer pattern and local RoPE base), its rule
+is followed."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
 import numpy.typing as npt
 
-from enginecore.loader import gguf_types
-from enginecore.model import ModelConfig
-from enginecore.weights import (
-    F32,
-    DenseMatrix,
-    FusedMatrix,
-    LayerWeights,
-    Matrix,
-    Numerics,
-    PackedMatrix,
-    Part,
-    Weights,
-    fuse,
-)
+from enginecore.loader import architectures, gguf_types
+from enginecore.model import ModelConfig, Rope
+from enginecore.weights import F32, Numerics, Part, Weights
 from shared.gguf_file import gguf_reader
 
 Q = gguf.GGMLQuantizationType
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3's RoPE scaling: a divisor per frequency
 
 
 def _field(reader: gguf.GGUFReader, key: str, default: object = None) -> object:
@@ -33,34 +29,78 @@ def _field(reader: gguf.GGUFReader, key: str, default: object = None) -> object:
 
 
 def read_config(reader: gguf.GGUFReader) -> ModelConfig:
+    """The ModelConfig of a GGUF's metadata (and its rope_freqs.weight, Llama 3's scaling)."""
     arch = str(_field(reader, "general.architecture"))
-    if arch != "llama":
-        raise ValueError(f"unsupported architecture {arch!r}: only llama is served")
+    fam = architectures.family(arch, gguf=True)
 
-    def get(key: str, default: object = None) -> object:
+    def get(key: str, default: object = None) -> Any:
         value = _field(reader, f"{arch}.{key}", default)
         if value is None:
             raise ValueError(f"GGUF metadata lacks {arch}.{key}")
         return value
 
-    hidden = int(get("embedding_length"))  # type: ignore[call-overload]
-    heads = int(get("attention.head_count"))  # type: ignore[call-overload]
+    hidden = int(get("embedding_length"))
+    heads = int(get("attention.head_count"))
+    layers = int(get("block_count"))
+    head_dim = int(get("attention.key_length", get("rope.dimension_count", hidden // heads)))
+    for key in ("attention.value_length", "rope.dimension_count"):
+        if int(get(key, head_dim)) != head_dim:
+            raise ValueError(f"{arch}.{key} = {get(key)} differs from the head size {head_dim}")
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = int(get("vocab_size", len(tokens.data) if tokens else None))  # type: ignore[call-overload]
-    names = {t.name for t in reader.tensors}
-    return ModelConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length")),  # type: ignore[call-overload]
-        num_layers=int(get("block_count")),  # type: ignore[call-overload]
-        num_heads=heads,
-        num_kv_heads=int(get("attention.head_count_kv", heads)),  # type: ignore[call-overload]
-        head_dim=int(get("rope.dimension_count", hidden // heads)),  # type: ignore[call-overload]
-        rope_theta=float(get("rope.freq_base", 10000.0)),  # type: ignore[arg-type]
-        rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),  # type: ignore[arg-type]
-        max_position=int(get("context_length", 2048)),  # type: ignore[call-overload]
-        tie_embeddings="output.weight" not in names,
+    tensors = {t.name: t for t in reader.tensors}
+    scaling = str(get("rope.scaling.type", "none"))
+    if scaling not in ("none", "linear"):
+        raise ValueError(f"{arch}.rope.scaling.type {scaling!r} is not served (none, linear)")
+    factor = float(get("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
+    full_rope = Rope(
+        float(get("rope.freq_base", 10000.0)), _rope_factors(tensors, head_dim), factor
     )
+    window = int(get("attention.sliding_window", 0))
+    if window and arch != "gemma3" and not fam.window_everywhere:
+        raise ValueError(
+            f"{arch}.attention.sliding_window: sliding windows of {arch} are not served"
+        )
+    # llama.cpp's rules for Gemma 3: every 6th layer global unless the file says otherwise, a
+    # local RoPE base of 10000, and queries scaled by 1 / sqrt(head_dim) except for 27B
+    pattern = get("attention.sliding_window_pattern", 6)
+    sliding = (
+        [bool(window)] * layers if fam.window_everywhere  # Phi-3, as transformers runs it
+        else [bool(b) for b in pattern] if isinstance(pattern, list)
+        else architectures.sliding_layers(layers, int(pattern)) if window
+        else [False] * layers
+    )  # fmt: skip
+    query_dim = hidden / heads if arch == "gemma3" and layers == 62 else head_dim
+    return architectures.make_config(
+        fam,
+        vocab=int(get("vocab_size", len(tokens.data) if tokens else None)),
+        hidden=hidden,
+        ffn=int(get("feed_forward_length")),
+        layers=layers,
+        heads=heads,
+        kv_heads=int(get("attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position=int(get("context_length", 2048)),
+        tied="output.weight" not in tensors,
+        full_rope=full_rope,
+        local_rope=Rope(float(get("rope.freq_base_swa", 10000.0))),
+        sliding=sliding,
+        window=window,
+        query_scale=1 / math.sqrt(query_dim),
+        final_softcap=float(get("final_logit_softcapping", 0.0)),
+    )
+
+
+def _rope_factors(tensors: dict[str, gguf.ReaderTensor], head_dim: int) -> tuple[float, ...] | None:
+    t = tensors.get(ROPE_FREQS)
+    if t is None:
+        return None
+    if tuple(int(n) for n in t.shape) != (head_dim // 2,):
+        raise ValueError(
+            f"tensor {ROPE_FREQS} has shape {tuple(t.shape.tolist())}, but the model's config "
+            f"implies ({head_dim // 2},)"
+        )
+    return tuple(float(f) for f in _vector(t))
 
 
 def _part(t: gguf.ReaderTensor, rows: npt.NDArray[np.intp] | None = None) -> Part:
@@ -101,43 +141,22 @@ def unpermute_rows(num_rows: int, n_head: int) -> npt.NDArray[np.intp]:
 def load(path: Path, numerics: Numerics) -> tuple[ModelConfig, Weights]:
     reader = gguf_reader(path)
     cfg = read_config(reader)
+    fam = architectures.family(str(_field(reader, "general.architecture")), gguf=True)
     tensors = {t.name: t for t in reader.tensors}
+    expected = architectures.tensor_shapes(cfg, fam)
+    found = {name: tuple(int(n) for n in reversed(t.shape)) for name, t in tensors.items()}
+    architectures.check_shapes(path, expected, found, lambda name: name == ROPE_FREQS)
+    row_order = {}
+    if fam.gguf_interleaved_qk:
+        row_order = {
+            "attn_q": unpermute_rows(cfg.q_dim, cfg.num_heads),
+            "attn_k": unpermute_rows(cfg.kv_dim, cfg.num_kv_heads),
+        }
 
-    def take(name: str) -> gguf.ReaderTensor:
-        if name not in tensors:
-            raise ValueError(f"{path}: missing tensor {name}")
-        return tensors[name]
+    def matrix(name: str) -> Part:
+        return _part(tensors[name], row_order.get(name.split(".")[-2]))
 
-    def matrix(*names: str, rows: list[npt.NDArray[np.intp] | None] | None = None) -> Matrix:
-        order = rows or [None] * len(names)
-        return fuse([_part(take(n), r) for n, r in zip(names, order, strict=True)], numerics)
-
-    layers = []
-    q_rows = unpermute_rows(cfg.q_dim, cfg.num_heads)
-    k_rows = unpermute_rows(cfg.kv_dim, cfg.num_kv_heads)
-    for i in range(cfg.num_layers):
-        p = f"blk.{i}."
-        layers.append(
-            LayerWeights(
-                attn_norm=_vector(take(p + "attn_norm.weight")),
-                wqkv=matrix(
-                    p + "attn_q.weight",
-                    p + "attn_k.weight",
-                    p + "attn_v.weight",
-                    rows=[q_rows, k_rows, None],
-                ),
-                wo=matrix(p + "attn_output.weight"),
-                ffn_norm=_vector(take(p + "ffn_norm.weight")),
-                w_gate_up=matrix(p + "ffn_gate.weight", p + "ffn_up.weight"),
-                w_down=matrix(p + "ffn_down.weight"),
-            )
-        )
-    embed = _single(matrix("token_embd.weight"))
-    lm_head = embed if cfg.tie_embeddings else _single(matrix("output.weight"))
-    final_norm = _vector(take("output_norm.weight"))
-    return cfg, Weights(embed, layers, final_norm, lm_head, numerics)
-
-
-def _single(m: Matrix) -> DenseMatrix | PackedMatrix:
-    assert not isinstance(m, FusedMatrix)
-    return m
+    weights = architectures.build_weights(
+        cfg, fam, numerics, matrix, lambda name: _vector(tensors[name]), 0.0
+    )
+    return cfg, weights

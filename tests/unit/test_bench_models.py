@@ -27,7 +27,7 @@ def test_random_model_has_the_shape_and_tied_embeddings(written: Path, tiny: Tin
     cfg = read_config(gguf.GGUFReader(written))
     vocab = len(read_tokenizer_metadata(tiny.gguf_f32).tokens)
     assert (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads) == (128, 2, 4, 2)
-    assert (cfg.intermediate_size, cfg.head_dim, cfg.rope_theta) == (256, 32, 50_000.0)
+    assert (cfg.intermediate_size, cfg.head_dim, cfg.layer_rope[0].theta) == (256, 32, 50_000.0)
     assert cfg.tie_embeddings
     assert cfg.vocab_size == vocab
 

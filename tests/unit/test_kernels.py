@@ -233,3 +233,31 @@ def test_limited_threads_are_restored() -> None:
     with threads.limited(1):
         assert numba.get_num_threads() == 1
     assert numba.get_num_threads() == before
+
+
+def test_sliding_window_attention_sees_only_its_window_on_both_paths() -> None:
+    """A 30-token chunk after 9 cached, window 7 and a query scale of its own: each row equals
+    dense attention over its last 7 positions (the numba kernel and the BLAS path alike)."""
+    window, scale, n, first = 7, 0.3, 30, 9
+    k_cache, v_cache = randn(12, BS, N_KV, HD), randn(12, BS, N_KV, HD)
+    table = np.arange(12, dtype=np.int32)[None]
+    positions = np.arange(first, first + n, dtype=np.int32)
+    seq_of_token = np.zeros(n, np.int32)
+    qkv = randn(n, N_HEADS * HD + 2 * N_KV * HD)
+    keys = k_cache.reshape(-1, N_KV, HD).astype(np.float64)
+    values = v_cache.reshape(-1, N_KV, HD).astype(np.float64)
+    want = np.empty((n, N_HEADS * HD))
+    for t, pos in enumerate(positions):
+        lo = pos + 1 - window
+        for h in range(N_HEADS):
+            kvh = h // (N_HEADS // N_KV)
+            s = keys[lo : pos + 1, kvh] @ qkv[t, h * HD : (h + 1) * HD] * scale
+            p = np.exp(s - s.max())
+            want[t, h * HD : (h + 1) * HD] = (p / p.sum()) @ values[lo : pos + 1, kvh]
+    for min_run in (None, 16):
+        plan = attention.plan(seq_of_token, min_run)
+        out = np.full((n, N_HEADS * HD), np.nan, np.float32)
+        attention.attend(
+            qkv, plan, seq_of_token, positions, table, k_cache, v_cache, N_HEADS, out, window, scale
+        )
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)

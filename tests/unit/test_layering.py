@@ -24,6 +24,7 @@ THIRD_PARTY_OF = {
         "gguf",
         "safetensors",
         "llguidance",
+        "ml_dtypes",
     },
 }
 FIRST_PARTY = {"shared", "frontend", "enginecore"}
@@ -47,6 +48,7 @@ ONLY_IN = {
     "zmq": ("enginecore/channel.py", "frontend/core/"),
     "gguf": ("shared/gguf_file.py", "enginecore/loader/"),
     "safetensors": ("enginecore/loader/",),
+    "ml_dtypes": ("enginecore/loader/",),  # numpy's bfloat16, for BF16 safetensors
     "tokenizers": ("shared/tokenizer.py",),
     "llguidance": ("shared/grammar.py", "enginecore/grammar.py"),
     "minijinja": ("frontend/text/",),
