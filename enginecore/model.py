@@ -14,8 +14,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from enginecore import weights
 from enginecore.kernels import attention, gemm, ops, threads
-from enginecore.weights import EXACT_STREAM_MAX_ROWS, F32, I32, Weights
+from enginecore.kernels import layer as kernel_layer
+from enginecore.weights import ACTIVATIONS, EXACT_STREAM_MAX_ROWS, F32, I32, Weights
 
 # A sequence's run of at least this many rows in a BLAS-mode batch attends by BLAS GEMMs.
 BLAS_ATTENTION_MIN_ROWS = 16
@@ -158,7 +160,21 @@ def _forward(
 
     w.embed.gather(token_ids, x)
     ops.rmsnorm(x, w.layers[0].attn_norm, eps, h)
+    # integer numerics: each layer below is one numba call running the same kernels
+    panel_layers = w.panel_layers()
+    kind, qmax = ACTIVATIONS.get(w.numerics, (None, 0))
     for layer, lw in enumerate(w.layers):
+        last = layer + 1 == len(w.layers)
+        if panel_layers is not None:
+            next_norm = lw.ffn_norm if last else w.layers[layer + 1].attn_norm
+            wqkv, wo, w_gate_up, w_down = panel_layers[layer]
+            kernel_layer.int_layer(
+                x, h, qkv, att, proj, gate_up, act, positions, cos, sin, slot_mapping,
+                plan.kernel_tokens, seq_of_token, block_tables, cache.k[layer], cache.v[layer],
+                cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps, lw.ffn_norm, next_norm, last,
+                wqkv, wo, w_gate_up, w_down, kind, qmax, int(weights.ISA), threads.count(),
+            )  # fmt: skip
+            continue
         lw.wqkv.matmul(h, qkv)  # [q | k | v]
         rotate(qkv, positions, cos, sin, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
         attention.store_kv(qkv, slot_mapping, cfg.q_dim, cfg.kv_dim, cache.k[layer], cache.v[layer])
@@ -171,7 +187,7 @@ def _forward(
         lw.w_gate_up.matmul(h, gate_up)
         silu_mul(gate_up, act)
         lw.w_down.matmul(act, proj)
-        if layer + 1 < len(w.layers):
+        if not last:
             add_rmsnorm(x, proj, w.layers[layer + 1].attn_norm, eps, h)
         else:
             ops.add_inplace(x, proj)

@@ -95,6 +95,34 @@ def _weighted_values(sc, v_cache, table, ctx, group, a):
                     a[h, i] += w * kv_load(vrows[kvh, i])
 
 
+@njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
+def _attend_item(qkv, t, table, ctx, k_cache, v_cache, n_heads, scale, a, sc, q, out):
+    # out[t] = attention of token t's roped query over positions 0..ctx-1 of its sequence;
+    # a (n_heads, head_dim) zeros, sc (n_heads, >= ctx), q (n_heads, head_dim): scratch.
+    # Two passes over a scores row (q.k, then softmax and v) measured 2.7x faster than an
+    # online softmax rescaling per block.
+    head_dim = k_cache.shape[3]
+    group = n_heads // k_cache.shape[2]
+    for h in range(n_heads):
+        for i in range(head_dim):
+            q[h, i] = qkv[t, h * head_dim + i] * scale
+    _scores(q, k_cache, table, ctx, group, sc)
+    for h in range(n_heads):  # q was scaled already
+        _softmax_row(sc, h, ctx, np.float32(1.0))
+    _weighted_values(sc, v_cache, table, ctx, group, a)
+    for h in range(n_heads):
+        for i in range(head_dim):
+            out[t, h * head_dim + i] = a[h, i]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _max_ctx(tokens, positions):
+    max_ctx = 1
+    for k in range(tokens.shape[0]):
+        max_ctx = max(max_ctx, positions[tokens[k]] + 1)
+    return max_ctx
+
+
 @njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
 def paged_attention(
     qkv, tokens, seq_of_token, positions, block_tables, k_cache, v_cache, n_heads, out, workers
@@ -107,35 +135,18 @@ def paged_attention(
     # prefetcher follows (per token and kv head, the same bytes came as strided 256-byte
     # pieces: 30 vs 20 ms for 64 decodes over 30 layers). Worker w takes items w, w + workers,
     # ...: neighbouring rows have alike contexts, so contiguous shares would be unbalanced.
-    # Two passes over a scores row (q.k, then softmax and v) measured 2.7x faster than an
-    # online softmax rescaling per block.
-    n_kv, head_dim = k_cache.shape[2], k_cache.shape[3]
-    group = n_heads // n_kv
+    head_dim = k_cache.shape[3]
     scale = np.float32(1.0 / math.sqrt(head_dim))
     n_items = tokens.shape[0]
-    max_ctx = 1
-    for k in range(n_items):
-        max_ctx = max(max_ctx, positions[tokens[k]] + 1)
     # scratch allocated once per call, not per item
     acc = np.zeros((n_items, n_heads, head_dim), np.float32)
     qs = np.empty((n_items, n_heads, head_dim), np.float32)
-    score = np.empty((n_items, n_heads, max_ctx), np.float32)
+    score = np.empty((n_items, n_heads, _max_ctx(tokens, positions)), np.float32)
     for w in prange(workers):
         for item in range(w, n_items, workers):
             t = tokens[item]
-            s = seq_of_token[t]
-            ctx = positions[t] + 1
-            a, sc, q = acc[item], score[item], qs[item]
-            for h in range(n_heads):
-                for i in range(head_dim):
-                    q[h, i] = qkv[t, h * head_dim + i] * scale
-            _scores(q, k_cache, block_tables[s], ctx, group, sc)
-            for h in range(n_heads):  # q was scaled already
-                _softmax_row(sc, h, ctx, np.float32(1.0))
-            _weighted_values(sc, v_cache, block_tables[s], ctx, group, a)
-            for h in range(n_heads):
-                for i in range(head_dim):
-                    out[t, h * head_dim + i] = a[h, i]
+            _attend_item(qkv, t, block_tables[seq_of_token[t]], positions[t] + 1, k_cache,
+                         v_cache, n_heads, scale, acc[item], score[item], qs[item], out)  # fmt: skip
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
@@ -218,6 +229,7 @@ def attend(
     n_tokens = p.kernel_tokens.shape[0]
     # a couple of ~30 us items do not pay for a parallel region (and under load, one region
     # costs a scheduler tick while the second thread waits for a core)
+    # (a kernel of its own for them would change the bits: fastmath sums vectorize by context)
     with threads.limited(1) if n_tokens < SERIAL_BELOW_TOKENS else nullcontext():
         if n_tokens:
             workers = min(numba.get_num_threads(), n_tokens)
