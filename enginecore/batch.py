@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -34,7 +35,9 @@ class Batch:
         return int(self.token_ids.shape[0])
 
     @staticmethod
-    def build(chunks: list[SeqChunk], block_size: int) -> Batch:
+    def build(chunks: list[SeqChunk], block_size: int, repeat_last: Sequence[int] = ()) -> Batch:
+        """`repeat_last`: chunks whose last row's logits are returned once more, after every
+        chunk's rows and in this order (other choices of a request sample from them)."""
         n = sum(len(c.token_ids) for c in chunks)
         max_blocks = max((len(c.block_table) for c in chunks), default=1)
         token_ids = np.empty(n, np.int32)
@@ -42,6 +45,7 @@ class Batch:
         seq_of_token = np.empty(n, np.int32)
         block_tables = np.zeros((len(chunks), max_blocks), np.int32)
         sample_rows: list[int] = []
+        last_rows: list[int] = []
         row = 0
         for s, c in enumerate(chunks):
             k = len(c.token_ids)
@@ -53,6 +57,8 @@ class Batch:
             block_tables[s, : len(c.block_table)] = c.block_table
             sample_rows.extend(range(row + k - c.num_sample, row + k))
             row += k
+            last_rows.append(row - 1)
+        sample_rows += [last_rows[s] for s in repeat_last]
         tables_of_token = block_tables[seq_of_token, positions // block_size]
         slot_mapping = (tables_of_token * block_size + positions % block_size).astype(np.int32)
         return Batch(

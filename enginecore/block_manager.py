@@ -16,6 +16,7 @@ class _Live:
 
     block_table: list[int]
     num_published: int  # leading blocks that are in the tree and locked by this table
+    salt: str = ""  # the prefix tree its blocks are published in (see RadixCache)
 
 
 # Ownership. Every block id is in exactly one state:
@@ -28,6 +29,8 @@ class _Live:
 # cached under another block (two sequences computed the same prefix independently) swaps the
 # table entry to the tree's block, which holds the same KV, and frees the duplicate at once.
 # Live tables are keyed by their owner's request id (or a scratch key for one-off forwards).
+# A fork shares its parent's published blocks (one more reference each) and gets private
+# copies of the rest: the runner copies their contents before the next forward.
 
 
 class BlockManager:
@@ -90,18 +93,25 @@ class BlockManager:
         return [] if live is None else live.block_table
 
     def allocate(
-        self, rid: str, token_ids: Sequence[int], max_new_tokens: int | None = None
+        self,
+        rid: str,
+        token_ids: Sequence[int],
+        max_new_tokens: int | None = None,
+        *,
+        salt: str = "",
+        match_prefix: bool = True,
     ) -> int | None:
         """Start `rid`'s table: reuse its cached prefix and reserve slots for the next tokens.
 
         Slots are reserved for the cached prefix plus min(uncached tokens, `max_new_tokens`)
         (all of `token_ids` by default). Returns how many leading tokens were found cached, or
         None, changing nothing, if the pool is short. At least one token is always left
-        uncached, so the caller has logits to sample from.
+        uncached, so the caller has logits to sample from. The prefix is looked up in `salt`'s
+        tree, and not at all unless `match_prefix` (every position is then computed).
         """
         assert rid not in self._live, f"{rid!r} already holds a table"
-        max_blocks = max(len(token_ids) - 1, 0) // self.block_size
-        match = self.cache.match(token_ids, max_blocks)
+        max_blocks = max(len(token_ids) - 1, 0) // self.block_size if match_prefix else 0
+        match = self.cache.match(token_ids, max_blocks, salt)
         num_new = len(token_ids) - match.num_tokens
         if max_new_tokens is not None:
             num_new = min(num_new, max_new_tokens)
@@ -111,10 +121,35 @@ class BlockManager:
         if new_blocks is None:
             self.cache.unlock(match.block_ids)
             return None
-        self._live[rid] = _Live(match.block_ids + new_blocks, len(match.block_ids))
-        self.prefix_query_tokens += len(token_ids)
-        self.prefix_hit_tokens += match.num_tokens
+        self._live[rid] = _Live(match.block_ids + new_blocks, len(match.block_ids), salt)
+        if match_prefix:
+            self.prefix_query_tokens += len(token_ids)
+            self.prefix_hit_tokens += match.num_tokens
         return match.num_tokens
+
+    def fork(self, parent: str, child: str, num_tokens: int) -> list[tuple[int, int]] | None:
+        """Start `child`'s table with the KV of `parent`'s first `num_tokens` positions and room
+        for one more (the child's next token).
+
+        The parent's published blocks below the block of position `num_tokens` are shared; its
+        other blocks up to there become private copies. Returns the (source, destination)
+        block ids whose contents the runner must copy before anything else writes the sources,
+        or None, changing nothing, if the pool is short.
+        """
+        assert child not in self._live, f"{child!r} already holds a table"
+        live = self._live[parent]
+        shared = min(live.num_published, num_tokens // self.block_size)
+        sources = live.block_table[shared : self.blocks_needed(num_tokens)]
+        assert shared + len(sources) == self.blocks_needed(num_tokens), "parent table too short"
+        kept = live.block_table[:shared]
+        num_new = self.blocks_needed(num_tokens + 1) - shared
+        self.cache.lock(kept)
+        new_blocks = self._take(num_new, kept[-1] if kept else None)
+        if new_blocks is None:
+            self.cache.unlock(kept)
+            return None
+        self._live[child] = _Live(kept + new_blocks, shared, live.salt)
+        return list(zip(sources, new_blocks[: len(sources)], strict=True))
 
     def allocate_scratch(self, key: str, num_tokens: int) -> list[int] | None:
         """A private table under `key` for a one-off forward (embeddings), never published;
@@ -152,7 +187,7 @@ class BlockManager:
             return
         start = live.num_published
         tree_ids = self.cache.insert(
-            token_ids[: num_full * self.block_size], block_table[:num_full]
+            token_ids[: num_full * self.block_size], block_table[:num_full], live.salt
         )
         assert tree_ids[:start] == block_table[:start], "published prefix changed"
         for i in range(start, num_full):

@@ -7,16 +7,27 @@ import logging
 import time
 from collections import defaultdict
 
+import msgspec
+
 from enginecore.block_manager import BlockManager
 from enginecore.channel import Channel
 from enginecore.embedder import Embedder
 from enginecore.model_runner import ModelRunner
-from enginecore.request import Request, RequestStatus, invalid_submit
+from enginecore.queue_rate import MIN_RETRY_S, QueueRate
+from enginecore.request import (
+    Request,
+    RequestStatus,
+    choice_rid,
+    invalid_submit,
+    with_choices,
+)
 from enginecore.sampler import Sampler, make_generator
 from enginecore.scheduler import Events, Scheduler
 from shared.eos import stop_token_ids
 from shared.protocol import (
+    MAX_CHOICES,
     Abort,
+    Accepted,
     Bye,
     Embed,
     Embedded,
@@ -77,6 +88,7 @@ class Engine:
         self.batch_tokens = 0
         self.steps_total = 0
         self.failed_steps = 0  # consecutive steps whose forward pass raised
+        self.queue_rate = QueueRate(time.monotonic())
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -128,8 +140,10 @@ class Engine:
         log.warning("drain timeout: aborting %d unfinished requests", len(self.requests))
         cut: Events = defaultdict(list)
         for rid, req in list(self.requests.items()):
-            cut[req.client].append(TokenEvent(rid, [], FinishReason.ABORT))
-            self.abort(rid, req.client)
+            cut[req.client].append(
+                TokenEvent(req.submit_rid, [], FinishReason.ABORT, index=req.index)
+            )
+            self.scheduler.abort(rid)
         self.send_events(cut)
 
     def broadcast(self, msg: Shutdown) -> None:
@@ -145,9 +159,9 @@ class Engine:
                 self.channel.send(client, self.welcome)
             case Submit():
                 self.submit(client, msg)
-            case Abort(rids=rids):
+            case Abort(rids=rids, index=index):
                 for rid in rids:
-                    self.abort(rid, client)
+                    self.abort(rid, client, index)
             case Embed():
                 self.embed(client, msg)
             case GetStats():
@@ -163,30 +177,41 @@ class Engine:
                     log.warning("ignored a ShutdownCore from %r: not the spawning frontend", client)
 
     def submit(self, client: bytes, msg: Submit) -> None:
+        """Queue the request's n choices, then say Accepted."""
         reason = self.refusal(msg)
         if reason is not None:
-            self.channel.send(client, Rejected(msg.rid, reason[0], reason[1]))
+            self.reject(client, msg.rid, *reason)
             return
         now = time.monotonic()
         deadline_ms = msg.deadline_ms if msg.deadline_ms is not None else self.queue_deadline_ms
         p = msg.params
-        req = Request(
+        stop_ids = stop_token_ids(self.eos_ids, p.stop_token_ids, p.ignore_eos)
+        # every id that ends the request: min_tokens masks exactly these
+        params = msgspec.structs.replace(p, stop_token_ids=stop_ids)
+        first = Request(
             rid=msg.rid,
             client=client,
             prompt_ids=list(msg.prompt_ids),
-            params=p,
-            stop_ids=frozenset(stop_token_ids(self.eos_ids, p.stop_token_ids, p.ignore_eos)),
+            params=params,
+            stop_ids=frozenset(stop_ids),
             priority=msg.priority,
             arrival=now,
             deadline=now + deadline_ms / 1000 if deadline_ms > 0 else None,
             generator=make_generator(p.seed),
+            cache_salt=msg.cache_salt,
         )
-        self.scheduler.add(req)
+        for req in with_choices(first, msg.n):
+            self.scheduler.add(req)
+        self.channel.send(client, Accepted(msg.rid))
 
     def refusal(self, msg: Submit) -> tuple[RejectReason, str] | None:
         if self.draining:
             return RejectReason.SHUTTING_DOWN, "the engine core is shutting down"
-        if msg.rid in self.requests:
+        if not 1 <= msg.n <= MAX_CHOICES:
+            return RejectReason.INVALID, f"n must be in [1, {MAX_CHOICES}]"
+        if msg.rid in self.scheduler.choices or any(
+            choice_rid(msg.rid, i) in self.requests for i in range(msg.n)
+        ):
             return RejectReason.INVALID, f"request id {msg.rid!r} is already in use"
         w = self.welcome
         if bad := invalid_submit(msg.prompt_ids, msg.params, w.max_model_len, w.vocab_size):
@@ -196,30 +221,45 @@ class Engine:
             > self.blocks.num_blocks
         ):
             return RejectReason.NO_CAPACITY, "the KV cache is too small for this request"
-        if self.scheduler.queue_full():
+        if msg.n > self.scheduler.cfg.queue_capacity:
+            return RejectReason.INVALID, "n is more than the admission queue holds"
+        if self.scheduler.queue_full(msg.n):
             return RejectReason.QUEUE_FULL, "the admission queue is full"
         return None
 
+    def reject(self, client: bytes, rid: str, reason: RejectReason, message: str) -> None:
+        """Refuse `rid`; a refusal that waiting may cure says when to retry."""
+        retry_after_s = 0
+        if reason in (RejectReason.QUEUE_FULL, RejectReason.NO_CAPACITY):
+            retry_after_s = self.queue_rate.retry_after_s(
+                time.monotonic(), self.scheduler.queue_depth
+            )
+        elif reason is RejectReason.SHUTTING_DOWN:
+            retry_after_s = MIN_RETRY_S  # a replacement may serve it already
+        self.channel.send(client, Rejected(rid, reason, message, retry_after_s))
+
     def refuse_failed(self, client: bytes, rid: str) -> None:
         """The core failed while taking `rid`: drop whatever it made of it and say so."""
-        req = self.requests.get(rid)
-        if req is not None and req.client == client:
-            self.scheduler.finish(rid, RequestStatus.FINISHED_ERROR)
+        for key in self.scheduler.choices_of(rid):
+            if self.requests[key].client == client:
+                self.scheduler.finish(key, RequestStatus.FINISHED_ERROR)
         self.channel.send(
             client, Rejected(rid, RejectReason.INTERNAL, "the engine core failed on this request")
         )
 
-    def abort(self, rid: str, client: bytes) -> None:
-        """Drop a request of `client`'s; another frontend's request of that id is left alone."""
-        req = self.requests.get(rid)
-        if req is not None and req.client == client:
-            self.scheduler.abort(rid)
+    def abort(self, rid: str, client: bytes, index: int | None = None) -> None:
+        """Drop a request of `client`'s (every choice, or choice `index`); another frontend's
+        request of that id is left alone."""
+        for key in self.scheduler.choices_of(rid):
+            req = self.requests[key]
+            if req.client == client and index in (None, req.index):
+                self.scheduler.abort(key)
 
     def forget(self, client: bytes) -> None:
         """A frontend left or went silent: abort everything it owns."""
         self.clients.pop(client, None)
         for rid in [rid for rid, r in self.requests.items() if r.client == client]:
-            self.abort(rid, client)
+            self.scheduler.abort(rid)
 
     def check_clients(self) -> None:
         cutoff = time.monotonic() - self.client_timeout_s
@@ -233,10 +273,10 @@ class Engine:
 
     def expire_waiting(self) -> None:
         for req in self.scheduler.expire(time.monotonic()):
-            self.channel.send(
-                req.client,
-                Rejected(req.rid, RejectReason.NO_CAPACITY, "waited too long for capacity"),
-            )
+            rid = req.submit_rid
+            for key in self.scheduler.choices_of(rid):  # its other choices go with it
+                self.scheduler.abort(key)
+            self.reject(req.client, rid, RejectReason.NO_CAPACITY, "waited too long for capacity")
 
     # ---- one step ------------------------------------------------------------------------
 
@@ -261,6 +301,10 @@ class Engine:
         self.failed_steps = 0
         sampled = self.sampler.emit(logits, scheduled.sampling())
         events = self.scheduler.update_from_output(scheduled, sampled)
+        copies = self.scheduler.take_copies()
+        if copies:  # forks of this step: before anything else writes their sources
+            self.runner.copy_blocks(copies)
+        self.queue_rate.record(time.monotonic(), self.scheduler.admitted_total)
         self.batch_tokens = scheduled.batch.num_tokens
         self.steps_total += 1
         self.send_events(events)
@@ -298,4 +342,7 @@ class Engine:
             spec_proposed_total=self.scheduler.spec_proposed_total,
             spec_accepted_total=self.scheduler.spec_accepted_total,
             steps_total=self.steps_total,
+            kv_blocks_total=b.num_blocks,
+            prefill_tokens_total=self.scheduler.prefill_tokens_total,
+            spec_drafts_total=self.scheduler.spec_drafts_total,
         )

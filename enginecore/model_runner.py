@@ -77,6 +77,12 @@ class ModelRunner:
             batch.block_tables, batch.slot_mapping, batch.sample_rows, return_hidden,
         )  # fmt: skip
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks, every layer: (source, destination) block ids."""
+        src, dst = (np.asarray(ids, np.intp) for ids in zip(*pairs, strict=True))
+        self.cache.k[:, dst] = self.cache.k[:, src]
+        self.cache.v[:, dst] = self.cache.v[:, src]
+
     def hidden_states(self, token_ids: list[int], block_table: list[int]) -> F32:
         """Final-normed hidden states (n, d) of every token of one sequence, from position 0."""
         chunk = SeqChunk(token_ids, 0, block_table, len(token_ids))

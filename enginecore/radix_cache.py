@@ -27,6 +27,7 @@ class _Node:
     children: dict[BlockKey, _Node] = field(default_factory=dict)
     ref: int = 0  # number of live block tables holding this block
     last_access: int = 0  # logical clock of the last insert/lock/unlock
+    salt: str = ""  # roots only: the cache salt whose tree this is
 
 
 class RadixCache:
@@ -35,12 +36,15 @@ class RadixCache:
     Keys are block-aligned, so nodes never split. A node with ref 0 is evictable: since a
     table holding a block also holds every ancestor, the descendants of a ref-0 node are
     ref 0 too, and evicting leaves repeatedly can free all of them.
+
+    Each cache salt has its own tree (the unsalted one always exists; a salted one lives
+    while it holds blocks): a prefix is shared only between requests of the same salt.
     """
 
     def __init__(self, block_size: int) -> None:
         assert block_size > 0
         self.block_size = block_size
-        self._root = _Node(key=(), block_id=-1, parent=None)
+        self._roots = {"": _Node(key=(), block_id=-1, parent=None)}  # cache salt -> its tree
         self._nodes: dict[int, _Node] = {}  # block_id -> node
         self._num_evictable = 0  # nodes with ref == 0
         self._clock = 0
@@ -70,14 +74,18 @@ class RadixCache:
         """Ref count of a cached block."""
         return self._nodes[block_id].ref
 
-    def match(self, token_ids: Sequence[int], max_blocks: int | None = None) -> MatchResult:
+    def match(
+        self, token_ids: Sequence[int], max_blocks: int | None = None, salt: str = ""
+    ) -> MatchResult:
         """Longest cached prefix of whole blocks (at most `max_blocks`); changes nothing."""
         bs = self.block_size
         limit = len(token_ids) // bs
         if max_blocks is not None:
             limit = min(limit, max_blocks)
-        node = self._root
+        node = self._roots.get(salt)
         block_ids: list[int] = []
+        if node is None:
+            return MatchResult(block_ids, 0)
         for i in range(limit):
             child = node.children.get(tuple(token_ids[i * bs : (i + 1) * bs]))
             if child is None:
@@ -86,7 +94,9 @@ class RadixCache:
             node = child
         return MatchResult(block_ids, len(block_ids) * bs)
 
-    def insert(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> list[int]:
+    def insert(
+        self, token_ids: Sequence[int], block_ids: Sequence[int], salt: str = ""
+    ) -> list[int]:
         """Publish `block_ids` as the blocks of `token_ids`; return the tree's block per position.
 
         Where a key is already cached the tree keeps its own block, so the returned id
@@ -96,7 +106,9 @@ class RadixCache:
         bs = self.block_size
         assert len(token_ids) >= len(block_ids) * bs
         self._clock += 1
-        node = self._root
+        node = self._roots.get(salt)
+        if node is None:
+            node = self._roots[salt] = _Node(key=(), block_id=-1, parent=None, salt=salt)
         tree_ids: list[int] = []
         created = False
         for i, block_id in enumerate(block_ids):
@@ -152,7 +164,10 @@ class RadixCache:
             del self._nodes[block_id]
             self._num_evictable -= 1
             evicted.append(block_id)
-            if parent is not self._root and parent.ref == 0 and not parent.children:
+            if parent.parent is None:  # a root: a salted tree goes when it holds nothing
+                if parent.salt and not parent.children:
+                    del self._roots[parent.salt]
+            elif parent.ref == 0 and not parent.children:
                 heapq.heappush(self._heap, (parent.last_access, parent.block_id))
         if len(self._heap) > 4 * len(self._nodes) + 64:
             self._compact_heap()
@@ -173,7 +188,10 @@ class RadixCache:
         """Assert the tree's structure, ref counts, counters and eviction heap agree."""
         seen = 0
         num_unreferenced = 0
-        stack = [self._root]
+        assert "" in self._roots
+        assert all(r.salt == s and r.parent is None for s, r in self._roots.items())
+        assert all(r.children for s, r in self._roots.items() if s), "an empty salted tree"
+        stack = list(self._roots.values())
         while stack:
             node = stack.pop()
             child_refs = 0
@@ -185,7 +203,7 @@ class RadixCache:
                 assert child.ref >= 0
                 child_refs += child.ref
                 stack.append(child)
-            if node is not self._root:
+            if node.parent is not None:
                 seen += 1
                 num_unreferenced += node.ref == 0
                 # every table holding a child holds its parent, so refs shrink going down

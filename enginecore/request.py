@@ -6,9 +6,10 @@ import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+import msgspec
 import numpy as np
 
-from shared.protocol import FinishReason, RejectReason, SamplingParams
+from shared.protocol import FinishReason, RejectReason, SamplingParams, TokenLogprob
 
 
 class RequestStatus(IntEnum):
@@ -46,8 +47,12 @@ def invalid_params(p: SamplingParams) -> str | None:
         return "temperature must be a finite number >= 0"
     if not (0 < p.top_p <= 1 and 0 <= p.min_p <= 1):
         return "top_p must be in (0, 1] and min_p in [0, 1]"
-    if p.top_k < 0 or (p.logprobs is not None and p.logprobs < 0):
-        return "top_k and logprobs must be >= 0"
+    if p.top_k < 0 or p.min_tokens < 0:
+        return "top_k and min_tokens must be >= 0"
+    if any(n is not None and n < 0 for n in (p.logprobs, p.prompt_logprobs)):
+        return "logprobs and prompt_logprobs must be >= 0"
+    if not all(math.isfinite(b) for b in p.logit_bias.values()):
+        return "logit_bias values must be finite"
     penalties = (p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
     if not (all(map(math.isfinite, penalties)) and p.repetition_penalty > 0):
         return "penalties must be finite and repetition_penalty > 0"
@@ -57,12 +62,17 @@ def invalid_params(p: SamplingParams) -> str | None:
 def invalid_submit(
     prompt_ids: list[int], p: SamplingParams, max_model_len: int, vocab_size: int
 ) -> tuple[RejectReason, str] | None:
-    """Why no core could serve this request whatever its state, or None."""
+    """Why no core could serve this request whatever its state, or None.
+
+    max_tokens 0 scores a prompt (its prompt logprobs) without generating.
+    """
     n = len(prompt_ids)
-    if n == 0 or p.max_tokens < 1:
-        return RejectReason.INVALID, "a request needs at least one prompt token and max_tokens >= 1"
+    if n == 0 or p.max_tokens < 0:
+        return RejectReason.INVALID, "a request needs at least one prompt token and max_tokens >= 0"
     if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:
         return RejectReason.INVALID, f"token ids must be in [0, {vocab_size})"
+    if any(not 0 <= t < vocab_size for t in p.logit_bias):
+        return RejectReason.INVALID, f"logit_bias token ids must be in [0, {vocab_size})"
     if (problem := invalid_params(p)) is not None:
         return RejectReason.INVALID, problem
     if n + p.max_tokens > max_model_len:
@@ -73,9 +83,14 @@ def invalid_submit(
     return None
 
 
+def choice_rid(rid: str, index: int) -> str:
+    """The core's key of choice `index` of the request submitted as `rid` (choice 0: `rid`)."""
+    return rid if index == 0 else f"{rid}#{index}"
+
+
 @dataclass(slots=True)
 class Request:
-    rid: str
+    rid: str  # the key of this choice (choice_rid); events name the Submit's rid
     client: bytes  # identity of the frontend that owns it
     prompt_ids: list[int]
     params: SamplingParams
@@ -93,6 +108,24 @@ class Request:
     draft_len: int = 2
     draft_pause: int = 0
     draft_backoff: int = 0
+    cache_salt: str = ""  # its prefix-cache namespace
+    # choices of one Submit (n > 1): choice 0 prefills, the others take its prompt's KV
+    index: int = 0
+    leader: str | None = None  # the rid of choice 0, for the others
+    siblings: list[str] = field(default_factory=list)  # choice 0 only: the others' rids
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # scored so far
+    scheduled_at: float | None = None  # monotonic time it was first scheduled
+    reported: bool = False  # its first event is sent
+
+    @property
+    def submit_rid(self) -> str:
+        """The rid its frontend submitted (and reads its events by)."""
+        return self.leader or self.rid
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Its prompt's logprobs are asked for and not all computed: every prompt row counts."""
+        return self.params.prompt_logprobs is not None and not self.output_ids and not self.reported
 
     @property
     def num_tokens(self) -> int:
@@ -115,3 +148,36 @@ class Request:
     def started(self) -> bool:
         """It has run at least once (so queue deadlines no longer apply)."""
         return self.status != RequestStatus.WAITING or self.num_preemptions > 0
+
+
+def with_choices(first: Request, n: int) -> list[Request]:
+    """`first` (choice 0) and n - 1 more choices of its request.
+
+    Each other choice has its own random stream, seeded with seed + index when the request is
+    seeded (so each choice repeats whatever else runs), no deadline of its own (choice 0's
+    governs the admission of them all), and no prompt logprobs (the request reports them once).
+    """
+    rids = [choice_rid(first.rid, i) for i in range(1, n)]
+    first.siblings = rids
+    out = [first]
+    for i, rid in enumerate(rids, start=1):
+        seed = first.params.seed
+        seed = None if seed is None else (seed + i) % (1 << 64)
+        params = msgspec.structs.replace(first.params, seed=seed, prompt_logprobs=None)
+        out.append(
+            Request(
+                rid=rid,
+                client=first.client,
+                prompt_ids=first.prompt_ids,
+                params=params,
+                stop_ids=first.stop_ids,
+                priority=first.priority,
+                arrival=first.arrival,
+                deadline=None,
+                generator=np.random.default_rng(seed),
+                cache_salt=first.cache_salt,
+                index=i,
+                leader=first.rid,
+            )
+        )
+    return out

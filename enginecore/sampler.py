@@ -7,7 +7,11 @@ drawn from it by inverse CDF with exactly one uniform from the request's generat
 seeded request samples the same tokens whatever else is in the batch. Greedy consumes no draw.
 
 Logprobs are the log-softmax of the RAW model logits (vLLM v1's default `raw_logprobs`): they
-describe the model, not the sampling settings, and never come out as -inf.
+describe the model, not the sampling settings, and never come out as -inf. Prompt logprobs are
+the same, from the rows of prompt positions: row p scores prompt token p + 1.
+
+`logit_bias` is added to the raw logits after the penalties (OpenAI: before sampling, so it
+steers greedy choices too); until `min_tokens` tokens are out, the stop ids are masked to -inf.
 
 `Sampler.emit` is the one output path of a step: every sampled sequence goes through the same
 acceptance rule, with or without speculative drafts. The draft distribution of prompt lookup is
@@ -58,8 +62,11 @@ class SampleSeq(NamedTuple):
     """One scheduled sequence as the sampler sees it."""
 
     row: RowInfo
-    num_rows: int  # its logits rows: 0 mid-prompt, else 1 + len(drafts)
-    drafts: Sequence[int]  # row j's logits come after drafts[:j]
+    # its logits rows: len(scored_ids) rows that only score the prompt, then the rows it
+    # samples from: none mid-prompt, else 1 + len(drafts)
+    num_rows: int
+    drafts: Sequence[int]  # sampled row j's logits come after drafts[:j]
+    scored_ids: Sequence[int] = ()  # the prompt token each scoring row is followed by
 
 
 class Sampled(NamedTuple):
@@ -68,6 +75,7 @@ class Sampled(NamedTuple):
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None
     failed: bool = False  # sampling raised for this sequence: it ends with an error
+    prompt_logprobs: list[TokenLogprob] | None = None  # of its scored_ids, when asked for
 
 
 FAILED = Sampled([], None, failed=True)
@@ -95,6 +103,11 @@ def has_penalties(params: SamplingParams) -> bool:
         or params.presence_penalty != 0.0
         or params.frequency_penalty != 0.0
     )
+
+
+def adjusts_logits(params: SamplingParams) -> bool:
+    """Whether `penalized` may change a row (else greedy is the raw argmax)."""
+    return has_penalties(params) or bool(params.logit_bias) or params.min_tokens > 0
 
 
 def draw(dist: Distribution, u: float) -> int:
@@ -139,10 +152,16 @@ def rank(x: npt.NDArray[np.floating], ids: Ids) -> Ids:
 def penalized(
     logits_row: Logits, params: SamplingParams, prompt_ids: Sequence[int], output_ids: Sequence[int]
 ) -> Logits:
-    """The row after repetition (HF) then frequency/presence (OpenAI) penalties; a copy if changed."""
-    if not has_penalties(params):
+    """The row after repetition (HF) then frequency/presence (OpenAI) penalties, the logit bias
+    and the min_tokens mask on the stop ids; a copy if changed."""
+    if not adjusts_logits(params):
         return logits_row
     x = logits_row.copy()
+    if params.logit_bias:
+        ids = np.fromiter(params.logit_bias, dtype=np.int64, count=len(params.logit_bias))
+        x[ids] += np.fromiter(params.logit_bias.values(), dtype=np.float32, count=ids.size)
+    if len(output_ids) < params.min_tokens and params.stop_token_ids:
+        x[np.asarray(params.stop_token_ids, dtype=np.int64)] = -np.inf
     if params.repetition_penalty != 1.0:
         # HF: over prompt + output, positive logits shrink by division, negative by multiplication.
         seen = np.unique(np.concatenate([np.asarray(prompt_ids), np.asarray(output_ids)]))
@@ -224,19 +243,27 @@ class Sampler:
         return out
 
     def _emit_one(self, rows: Logits, best: list[int], seq: SampleSeq) -> Sampled:
-        row, num_rows, drafts = seq
+        row, num_rows, drafts, scored = seq
+        prompt_logprobs = None
+        if scored:
+            n_prompt = row.params.prompt_logprobs or 0
+            prompt_logprobs = [
+                self.logprobs_row(rows[j], t, n_prompt) for j, t in enumerate(scored)
+            ]
+            rows, best, num_rows = rows[len(scored) :], best[len(scored) :], num_rows - len(scored)
         assert num_rows in (0, len(drafts) + 1), (num_rows, len(drafts))
         if num_rows == 0:
-            return Sampled([], None)
+            return Sampled([], None, prompt_logprobs=prompt_logprobs)
         p = row.params
-        if is_greedy(p) and not has_penalties(p):
+        if is_greedy(p) and not adjusts_logits(p):
             tokens = accept_drafts(drafts, best.__getitem__)
         else:
             tokens = accept_drafts(drafts, self._target(rows, row, drafts))
         n_top = p.logprobs
-        if n_top is None:
-            return Sampled(tokens, None)
-        return Sampled(tokens, [self.logprobs_row(rows[j], t, n_top) for j, t in enumerate(tokens)])
+        logprobs = None
+        if n_top is not None:
+            logprobs = [self.logprobs_row(rows[j], t, n_top) for j, t in enumerate(tokens)]
+        return Sampled(tokens, logprobs, prompt_logprobs=prompt_logprobs)
 
     def _target(self, rows: Logits, row: RowInfo, drafts: Sequence[int]) -> Callable[[int], int]:
         """The token a plain step would emit at position j, having seen drafts[:j]."""
@@ -289,7 +316,8 @@ class Sampler:
 
     @staticmethod
     def logprobs_row(logits_row: Logits, token_id: int, n: int) -> TokenLogprob:
-        """Raw-logit logprob of `token_id` plus the n best tokens, best first (ties: lowest id)."""
+        """Raw-logit logprob of `token_id` plus the n best tokens, best first (ties: lowest id),
+        and its rank (1 = the best)."""
         x = logits_row.astype(np.float64)
         m = x.max()
         lse = m + np.log(np.exp(x - m).sum())
@@ -298,4 +326,5 @@ class Sampler:
             token_id=token_id,
             logprob=float(x[token_id] - lse),
             top=[TopLogprob(token_id=int(t), logprob=float(x[t] - lse)) for t in top],
+            rank=1 + int(np.count_nonzero(x > x[token_id])),
         )

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from frontend.api.middleware import RequestIdFilter
 from frontend.server import Server
 from frontend.text.chat_template import TemplateError
 from frontend.workers import WorkerRole
@@ -99,8 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = "frontend" if role is None else f"frontend[{role.index}]"
     logging.basicConfig(
         level=config.engine.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s {name} %(name)s: %(message)s",
+        format=f"%(asctime)s %(levelname)s {name} [%(request_id)s] %(name)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RequestIdFilter())  # the request a line is written for, or "-"
     return asyncio.run(serve(config.engine, args.config, args.workers, role))
 
 

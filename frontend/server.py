@@ -16,7 +16,6 @@ from typing import Final
 from aiohttp import web
 
 from frontend.api.app import BODY_TIMEOUT_S, Services, make_api_app, make_health_app
-from frontend.api.completions import PING_INTERVAL_S
 from frontend.api.drain_gate import DrainGate
 from frontend.api.metrics import Metrics
 from frontend.core.client import CoreClient
@@ -49,7 +48,6 @@ class Server:
         config_path: str | None = None,
         *,
         argv: Sequence[str] | None = None,
-        ping_interval_s: float = PING_INTERVAL_S,
         core_stop_timeout_s: float = 30.0,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         body_timeout_s: float = BODY_TIMEOUT_S,
@@ -59,7 +57,7 @@ class Server:
         assert workers >= 1 and (role is None or workers == 1)
         if role is not None:
             config = worker_config(config, role)
-        model = ServedModel.load(config.model_path, config.served_model_id)
+        model = ServedModel.load(config.model_path, config.served_model_ids, config.chat_template)
         core = CoreClient(
             config.resolved_core_address, keys=config.curve_keys, silence_s=config.client_timeout_s
         )
@@ -69,7 +67,8 @@ class Server:
             process = CoreProcess(command, core, stop_timeout_s=core_stop_timeout_s)
         self.workers = Workers(workers - 1, config_path) if workers > 1 else None
         peers = None if self.workers is None else self.workers.scrape
-        self.services = Services(config, model, core, DrainGate(), Metrics(), process, peers)
+        metrics = Metrics(config.served_model_id)
+        self.services = Services(config, model, core, DrainGate(), metrics, process, peers)
         self._role = role
         self._reuse_port = workers > 1 or role is not None
         # handler_cancellation: a client that leaves cancels its handler, whose finally aborts
@@ -80,9 +79,7 @@ class Server:
             keepalive_timeout=idle_timeout_s,
         )
         self._api = web.AppRunner(
-            make_api_app(
-                self.services, ping_interval_s=ping_interval_s, body_timeout_s=body_timeout_s
-            ),
+            make_api_app(self.services, body_timeout_s=body_timeout_s),
             handler_cancellation=True,
             shutdown_timeout=_HANDLER_GRACE_S,
             keepalive_timeout=idle_timeout_s,

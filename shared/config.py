@@ -25,13 +25,20 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # model
     model_dir: str = BUNDLED_MODEL
     model_id: str = ""  # "" = derived from model_dir
+    # the ids clients may name (the first is the one responses and metrics carry); () = model_id
+    served_model_name: tuple[str, ...] = ()
     max_model_len: int = 0  # 0 = the model's own context, capped at 8192
+    chat_template: str = ""  # a file, or the template itself; "" = the model's own
     # listeners
     http_listen: str = ":8000"
     health_listen: str = ":9464"
     api_keys: tuple[str, ...] = ()  # empty = no auth
     max_body_bytes: int = 4 * 1024 * 1024
     max_messages: int = 1024
+    cors_origins: tuple[str, ...] = ()  # origins browsers may call from ("*": any); () = no CORS
+    metrics_on_api_port: bool = False  # /metrics on the API port too
+    force_include_usage: bool = False  # every stream ends with a usage chunk, asked for or not
+    sse_ping_interval_s: float = 15.0  # a stream with nothing to send says `: ping` this often
     # admission (global, in the core)
     queue_capacity: int = 256
     queue_deadline_ms: int = 60_000
@@ -98,8 +105,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         for key in non_negative:
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0")
-        if self.client_timeout_s <= 0:
-            raise ValueError("client_timeout_s must be > 0")
+        for key in ("client_timeout_s", "sse_ping_interval_s"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be > 0")
+        _check_model_names(self.model_id, self.served_model_name)
         if self.drain_timeout_s < 0:
             raise ValueError("drain_timeout_s must be >= 0")
         if self.spec_ngram_min > self.spec_ngram_max:
@@ -132,10 +141,25 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     @property
     def served_model_id(self) -> str:
+        """The canonical id: what responses and metrics name."""
+        return self.served_model_ids[0]
+
+    @property
+    def served_model_ids(self) -> tuple[str, ...]:
+        """Every id that names the served model, the canonical one first."""
+        if self.served_model_name:
+            return self.served_model_name
         if self.model_id:
-            return self.model_id
+            return (self.model_id,)
         path = self.model_path
-        return path.stem if path.suffix == ".gguf" else path.name
+        return (path.stem if path.suffix == ".gguf" else path.name,)
+
+
+def _check_model_names(model_id: str, names: tuple[str, ...]) -> None:
+    if names and model_id:
+        raise ValueError("set served_model_name or model_id, not both")
+    if not all(names) or len(set(names)) != len(names):
+        raise ValueError("served_model_name must hold distinct, non-empty ids")
 
 
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -50,11 +50,19 @@ _STATUS: dict[ErrorCode, tuple[int, str]] = {
 class ServingError(Exception):
     """A request failed for a reason the client should see, in the OpenAI shape."""
 
-    def __init__(self, code: ErrorCode, message: str, param: str | None = None) -> None:
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        param: str | None = None,
+        *,
+        retry_after: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.param = param
+        self.retry_after = retry_after  # seconds: the Retry-After of a 429 or 503
 
     @property
     def http_status(self) -> int:
@@ -64,10 +72,12 @@ class ServingError(Exception):
     def error_type(self) -> str:
         return _STATUS[self.code][1]
 
-    def to_document(self) -> dict[str, dict[str, str | None]]:
+    def to_document(self, request_id: str | None = None) -> dict[str, dict[str, str | None]]:
+        """The OpenAI error body; the message names the request, when given."""
+        message = self.message if request_id is None else f"{self.message} (request {request_id})"
         return {
             "error": {
-                "message": self.message,
+                "message": message,
                 "type": self.error_type,
                 "param": self.param,
                 "code": self.code.value,

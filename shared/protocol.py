@@ -10,6 +10,8 @@ from enum import StrEnum
 
 import msgspec
 
+MAX_CHOICES = 128  # n of one Submit at most
+
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     """How one request samples; validated by the frontend, trusted by the core."""
@@ -26,6 +28,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, array_like=True)
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None = off; n >= 0 = chosen token's logprob + top n
+    min_tokens: int = 0  # the stop ids cannot be sampled before this many tokens
+    logit_bias: dict[int, float] = msgspec.field(default_factory=dict)  # added to raw logits
+    # None = off; n >= 0 = each prompt token's logprob + top n (the prompt is then computed
+    # whole: no prefix-cache hit), sent with the request's first event
+    prompt_logprobs: int | None = None
 
 
 class FinishReason(StrEnum):
@@ -61,12 +68,16 @@ class Submit(msgspec.Struct, tag=True, array_like=True):
     params: SamplingParams
     priority: int = 0  # -100..100, higher is scheduled first
     deadline_ms: int | None = None  # reject with no_capacity if still waiting after this
+    n: int = 1  # choices: one prefill, then n sequences each with its own random stream
+    cache_salt: str = ""  # prefix-cache namespace: only requests of the same salt share blocks
 
 
 class Abort(msgspec.Struct, tag=True, array_like=True):
-    """Stop these requests and free their blocks before the next step."""
+    """Stop these requests (or only their choice `index`) and free their blocks before the
+    next step."""
 
     rids: list[str]
+    index: int | None = None
 
 
 class Embed(msgspec.Struct, tag=True, array_like=True):
@@ -121,10 +132,11 @@ class TokenLogprob(msgspec.Struct, array_like=True, gc=False):
     token_id: int
     logprob: float
     top: list[TopLogprob]
+    rank: int = 0  # 1 + the number of tokens with a higher logit
 
 
 class TokenEvent(msgspec.Struct, array_like=True, gc=False):
-    """New tokens of one request in one step (speculation may add several)."""
+    """New tokens of one choice of one request in one step (speculation may add several)."""
 
     rid: str
     token_ids: list[int]
@@ -132,6 +144,13 @@ class TokenEvent(msgspec.Struct, array_like=True, gc=False):
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
+    index: int = 0  # the choice, 0 .. n - 1
+    # the choice's first event only: the seconds the request waited in the queue and then spent
+    # in its prefill; and choice 0's, which comes before any other choice's first event: the
+    # logprobs of prompt tokens 1.. (if asked for)
+    prompt_logprobs: list[TokenLogprob] | None = None
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
 
 
 class Stats(msgspec.Struct, tag=True, array_like=True, gc=False):
@@ -150,6 +169,9 @@ class Stats(msgspec.Struct, tag=True, array_like=True, gc=False):
     spec_proposed_total: int = 0
     spec_accepted_total: int = 0
     steps_total: int = 0
+    kv_blocks_total: int = 0
+    prefill_tokens_total: int = 0  # prompt tokens the forward pass computed (cache hits aside)
+    spec_drafts_total: int = 0  # steps of a sequence that verified drafts
 
 
 class Step(msgspec.Struct, tag=True, array_like=True, gc=False):
@@ -158,12 +180,19 @@ class Step(msgspec.Struct, tag=True, array_like=True, gc=False):
     events: list[TokenEvent]
 
 
+class Accepted(msgspec.Struct, tag=True, array_like=True):
+    """The request is admitted (queued): from here on, a refusal is an event of its stream."""
+
+    rid: str
+
+
 class Rejected(msgspec.Struct, tag=True, array_like=True):
     """The core will not run this request."""
 
     rid: str
     reason: RejectReason
     message: str
+    retry_after_s: int = 0  # when a retry may find room (queue full, no capacity, draining)
 
 
 class Embedded(msgspec.Struct, tag=True, array_like=True, gc=False):
@@ -179,7 +208,7 @@ class Shutdown(msgspec.Struct, tag=True, array_like=True):
     fatal: bool
 
 
-ToFrontend = Welcome | Step | Rejected | Embedded | Stats | Shutdown
+ToFrontend = Welcome | Accepted | Step | Rejected | Embedded | Stats | Shutdown
 
 
 def encoder() -> msgspec.msgpack.Encoder:

@@ -9,17 +9,24 @@ from typing import Final
 
 from aiohttp import web
 
-from frontend.api.completions import PING_INTERVAL_S, CompletionRoutes
+from frontend.api.completions import CompletionRoutes
 from frontend.api.drain_gate import DrainGate
 from frontend.api.embeddings import EmbeddingRoutes
-from frontend.api.health import HealthRoutes, healthz
+from frontend.api.health import HealthRoutes, healthz, version
 from frontend.api.metrics import Metrics
-from frontend.api.middleware import error_middleware, guard_middleware, stamp_request_id
+from frontend.api.middleware import (
+    cors_headers,
+    cors_middleware,
+    error_middleware,
+    guard_middleware,
+    stamp_request_id,
+)
 from frontend.api.models import ModelRoutes
 from frontend.api.tokenize import TokenizeRoutes
 from frontend.core.client import CoreClient
 from frontend.core.process import CoreProcess
 from frontend.openai.conversion import Converter
+from frontend.openai.requests import RequestDecoder
 from frontend.text.served_model import ServedModel
 from shared.config import EngineConfig
 
@@ -57,47 +64,64 @@ def core_context(
     return lifetime
 
 
-def make_api_app(
-    services: Services,
-    *,
-    ping_interval_s: float = PING_INTERVAL_S,
-    body_timeout_s: float = BODY_TIMEOUT_S,
-) -> web.Application:
-    """The OpenAI API; it owns the core connection (cleanup_ctx)."""
+def make_api_app(services: Services, *, body_timeout_s: float = BODY_TIMEOUT_S) -> web.Application:
+    """The OpenAI API (and the routes vLLM's users expect beside it); it owns the core
+    connection (cleanup_ctx)."""
     config, core, model = services.config, services.core, services.model
     app = web.Application(
         client_max_size=config.max_body_bytes,
         middlewares=[
             error_middleware(services.metrics),
+            cors_middleware(config.cors_origins),
             guard_middleware(config.api_keys, services.drain_gate, body_timeout_s),
         ],
     )
     app.on_response_prepare.append(stamp_request_id)
+    if config.cors_origins:
+        app.on_response_prepare.append(cors_headers(config.cors_origins))
+    decoder = RequestDecoder()
     converter = Converter(model, core.require_welcome, max_messages=config.max_messages)
     completions = CompletionRoutes(
-        core, model, converter, services.metrics, ping_interval_s=ping_interval_s
+        core,
+        model,
+        converter,
+        services.metrics,
+        decoder,
+        ping_interval_s=config.sse_ping_interval_s,
+        force_include_usage=config.force_include_usage,
     )
-    embeddings = EmbeddingRoutes(core, model, converter)
-    tokenize = TokenizeRoutes(converter)
-    models = ModelRoutes(model)
+    embeddings = EmbeddingRoutes(core, model, converter, decoder)
+    tokenize = TokenizeRoutes(converter, decoder)
+    models = ModelRoutes(model, core)
+    health = health_routes(services)
     app.router.add_post("/v1/chat/completions", completions.chat)
     app.router.add_post("/v1/completions", completions.completions)
     app.router.add_post("/v1/embeddings", embeddings.embeddings)
-    app.router.add_post("/v1/tokenize", tokenize.tokenize)
+    for prefix in ("", "/v1"):
+        app.router.add_post(f"{prefix}/tokenize", tokenize.tokenize)
+        app.router.add_post(f"{prefix}/detokenize", tokenize.detokenize)
     app.router.add_get("/v1/models", models.models)
     app.router.add_get("/v1/models/{model_id:.+}", models.model)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/health", health.readyz)
+    app.router.add_get("/ping", health.readyz)  # SageMaker probes with GET or POST
+    app.router.add_post("/ping", health.readyz)
+    app.router.add_get("/version", version)
+    if config.metrics_on_api_port:
+        app.router.add_get("/metrics", health.metrics)
     app.cleanup_ctx.append(core_context(core, services.process))
     return app
+
+
+def health_routes(services: Services) -> HealthRoutes:
+    return HealthRoutes(services.core, services.drain_gate, services.metrics, peers=services.peers)
 
 
 def make_health_app(services: Services) -> web.Application:
     """The health port: never behind API keys, open until the process exits."""
     app = web.Application(middlewares=[error_middleware(None)])
     app.on_response_prepare.append(stamp_request_id)
-    health = HealthRoutes(
-        services.core, services.drain_gate, services.metrics, peers=services.peers
-    )
+    health = health_routes(services)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", health.readyz)
     app.router.add_get("/metrics", health.metrics)

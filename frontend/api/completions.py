@@ -2,27 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from aiohttp import web
 
 from frontend.api.json_response import json_response
 from frontend.api.metrics import Metrics, RequestTimer
+from frontend.api.middleware import REQUEST_ID
 from frontend.api.sse import SSEStream
 from frontend.core.client import CoreClient
 from frontend.core.request_stream import RequestStream
 from frontend.openai import responses as docs
-from frontend.openai.conversion import Converter, GenerationJob
-from frontend.openai.formats import ChatFormat, Format, TextFormat
-from frontend.openai.requests import ChatCompletionRequest, CompletionRequest, decode_request
+from frontend.openai.conversion import Converter, GenerationJob, Prompt
+from frontend.openai.formats import ChatFormat, ChoiceOutput, Format, TextFormat, TokenBytes
+from frontend.openai.requests import ChatCompletionRequest, CompletionRequest, RequestDecoder
 from frontend.text.generation import Generation, Piece
 from frontend.text.served_model import ServedModel
 from shared.errors import ErrorCode, ServingError
-from shared.protocol import TokenEvent, TokenLogprob
+from shared.protocol import Submit, TokenEvent, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -38,125 +39,227 @@ class CompletionRoutes:
         model: ServedModel,
         converter: Converter,
         metrics: Metrics,
+        decoder: RequestDecoder,
         *,
         ping_interval_s: float = PING_INTERVAL_S,
+        force_include_usage: bool = False,
     ) -> None:
         self._core = core
         self._model = model
         self._converter = converter
         self._metrics = metrics
+        self._decoder = decoder
         self._ping_interval_s = ping_interval_s
+        self._force_include_usage = force_include_usage
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         arrival = time.monotonic()
-        req = decode_request(await request.read(), ChatCompletionRequest)
+        req = self._decoder.decode(await request.read(), ChatCompletionRequest)
         job = await self._converter.chat(req, request.headers)
         return await self._generate(request, job, arrival)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         arrival = time.monotonic()
-        req = decode_request(await request.read(), CompletionRequest)
+        req = self._decoder.decode(await request.read(), CompletionRequest)
         job = await self._converter.completion(req, request.headers)
         return await self._generate(request, job, arrival)
 
     async def _generate(
         self, request: web.Request, job: GenerationJob, arrival: float
     ) -> web.StreamResponse:
-        rid = f"{'chatcmpl' if job.chat else 'cmpl'}-{uuid.uuid4().hex}"
-        head = docs.Head(id=rid, created=int(time.time()), model=self._model.model_id)
-        kind = ChatFormat if job.chat else TextFormat
-        token_bytes = self._model.tokenizer.token_bytes
+        # the request id is the core's id of the request (of its first prompt)
+        rid = request[REQUEST_ID]
+        kind = "chatcmpl" if job.chat else "cmpl"
+        head = docs.Head(id=f"{kind}-{rid}", created=int(time.time()), model=self._model.model_id)
+        fmt = (ChatFormat if job.chat else TextFormat)(
+            head, self._model.tokenizer.token_bytes, job.logprobs
+        )
+        rids = [rid if p == 0 else f"{rid}-{p}" for p in range(len(job.prompts))]
+        submits = [
+            Submit(r, prompt.ids, job.params, job.priority, n=job.n, cache_salt=job.cache_salt)
+            for r, prompt in zip(rids, job.prompts, strict=True)
+        ]
         reply = _Reply(
-            generation=Generation(self._model.decode, job.prompt_ids, job.stops),
-            fmt=kind(head, token_bytes, job.params.logprobs is not None),
+            job=job,
+            choices=[self._choice(job, p) for p in range(len(job.prompts)) for _ in range(job.n)],
+            fmt=fmt,
             timer=RequestTimer(self._metrics, arrival),
-            num_prompt=len(job.prompt_ids),
-            param=job.param,
+            token_bytes=self._model.tokenizer.token_bytes,
             # last: nothing can fail after it
-            stream=self._core.submit(rid, job.prompt_ids, job.params, job.priority),
+            stream=self._core.submit(submits),
         )
         try:
             if job.stream:
-                return await self._stream(request, reply, job.include_usage)
+                return await self._stream(request, reply)
             return await self._collect(reply)
+        except asyncio.CancelledError:  # the client went away
+            reply.timer.abandon()
+            raise
         finally:
-            # a stop string, a client gone (a failed write, or aiohttp cancelling this task):
-            # the core still generates until told; release() sends the Abort without awaiting
+            # a client gone (a failed write, or aiohttp cancelling this task), or an error: the
+            # core still generates until told; release() sends the Abort without awaiting
             self._core.release(reply.stream)
 
+    def _choice(self, job: GenerationJob, p: int) -> _Choice:
+        decode = self._model.decode if job.skip_special_tokens else self._model.decode_special
+        generation = Generation(
+            decode,
+            job.prompts[p].ids,
+            job.stops,
+            include_stop=job.include_stop,
+            min_tokens=job.params.min_tokens,
+        )
+        return _Choice(p, job.prompts[p], generation, job.echo)
+
     async def _collect(self, reply: _Reply) -> web.Response:
-        text: list[str] = []
-        logprobs: list[TokenLogprob] = []
-        while reply.generation.finish_reason is None:
+        while not reply.done:
             item = await reply.stream.get()
             if isinstance(item, ServingError):
                 raise reply.refusal(item)
             assert item is not None  # no timeout
-            piece = reply.push(item)
-            text.append(piece.text)
-            logprobs += piece.logprobs
-        reply.timer.finish()
-        document = reply.fmt.whole(
-            "".join(text), reply.generation.finish_reason, reply.usage(), logprobs
+            if reply.ended(item):
+                continue
+            piece, _ = self._push(reply, item)
+            reply.choices[item.index].keep(piece)
+        return json_response(
+            reply.fmt.whole([reply.output(c) for c in reply.choices], reply.usage())
         )
-        return json_response(document)
 
-    async def _stream(
-        self, request: web.Request, reply: _Reply, include_usage: bool
-    ) -> web.StreamResponse:
-        # A refusal (429 full queue, 503) comes before any token: it must be a real HTTP
-        # status, so the headers wait for the first event.
-        item = await reply.stream.get()
-        if isinstance(item, ServingError):
-            raise reply.refusal(item)
-        sse = await SSEStream.open(request)
+    async def _stream(self, request: web.Request, reply: _Reply) -> web.StreamResponse:
+        # A refusal before admission (429 full queue, 503) is a real HTTP status: the headers
+        # wait for the core to queue every prompt, then pings keep the stream alive
         try:
-            for document in reply.fmt.opening():
+            await reply.stream.admitted()
+        except ServingError as e:
+            raise reply.refusal(e) from None
+        job = reply.job
+        sse = await SSEStream.open(request, request[REQUEST_ID])
+        try:
+            for document in reply.fmt.opening(job.num_choices):
                 await sse.send(document)
-            while True:
+            while not reply.done:
+                item = await reply.stream.get(self._ping_interval_s)
                 if item is None:
                     await sse.ping()
-                elif isinstance(item, ServingError):
+                    continue
+                if isinstance(item, ServingError):
                     await sse.error(item)
                     return sse.response
-                else:
-                    piece = reply.push(item)
-                    # finish_reason rides on the last text, or on a `delta: {}` of its own
-                    if piece.text or piece.finish_reason is not None:
-                        await sse.send(reply.fmt.chunk(piece))
-                    if piece.finish_reason is not None:
-                        break
-                item = await reply.stream.get(self._ping_interval_s)
-            reply.timer.finish()
-            if include_usage:
+                if reply.ended(item):
+                    continue
+                piece, first_token = self._push(reply, item)
+                # finish_reason rides on the last text, or on a `delta: {}` of its own
+                if piece.text or piece.finish_reason is not None:
+                    usage = reply.usage() if job.continuous_usage else None
+                    await sse.send(reply.fmt.chunk(item.index, piece, usage, first_token))
+            if job.include_usage or self._force_include_usage:
                 await sse.send(reply.fmt.usage_chunk(reply.usage()))
             await sse.done()
         except ConnectionResetError:
             log.info("client went away during %s", reply.stream.rid)
+            reply.timer.abandon()
         return sse.response
+
+    def _push(self, reply: _Reply, event: TokenEvent) -> tuple[Piece, int | None]:
+        """One choice's event: its piece of text, and the first token of an echoed prompt (which
+        has no logprob) when the piece starts with it."""
+        reply.timer.event(event)
+        choice = reply.choices[event.index]
+        piece, first_token = choice.push(event, reply.prompt_entries(choice.prompt_index, event))
+        if choice.generation.stopped_by_string:
+            self._core.abort_choice(reply.stream, event.index)
+        if piece.finish_reason is not None:
+            reply.num_finished += 1
+            if reply.done:
+                reply.timer.finish(
+                    reply.num_prompt_tokens,
+                    [c.generation.finish_reason or "" for c in reply.choices],
+                )
+        return piece, first_token
+
+
+@dataclass(slots=True)
+class _Choice:
+    """One choice of a request: its generation, and its whole text when not streamed."""
+
+    prompt_index: int
+    prompt: Prompt
+    generation: Generation
+    echo: bool
+    started: bool = False
+    texts: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    def push(
+        self, event: TokenEvent, prompt_entries: list[TokenLogprob]
+    ) -> tuple[Piece, int | None]:
+        piece = self.generation.push(event)
+        if self.started or not self.echo:
+            self.started = True
+            return piece, None
+        self.started = True  # echo: the answer starts with the prompt and its tokens' logprobs
+        text = self.prompt.text + piece.text
+        return Piece(text, prompt_entries + piece.logprobs, piece.finish_reason), self.prompt.ids[0]
+
+    def keep(self, piece: Piece) -> None:
+        self.texts.append(piece.text)
+        self.logprobs += piece.logprobs
 
 
 @dataclass(slots=True)
 class _Reply:
     """One submitted generation request and the state its response is built from."""
 
-    stream: RequestStream
-    generation: Generation
+    job: GenerationJob
+    choices: list[_Choice]
     fmt: Format
     timer: RequestTimer
-    num_prompt: int
-    param: str  # the field a context refusal names: messages or prompt
+    token_bytes: TokenBytes
+    stream: RequestStream
+    num_finished: int = 0
+    # each prompt's logprobs, by prompt index: they come on the first event of its choice 0
+    scored: dict[int, list[TokenLogprob]] = field(default_factory=dict)
 
-    def push(self, event: TokenEvent) -> Piece:
-        self.timer.tokens(len(event.token_ids))
-        return self.generation.push(event)
+    @property
+    def done(self) -> bool:
+        return self.num_finished == len(self.choices)
+
+    def ended(self, event: TokenEvent) -> bool:
+        """Whether the event's choice has ended already (at a stop string, with events of it
+        still on their way)."""
+        return self.choices[event.index].generation.finish_reason is not None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(prompt.ids) for prompt in self.job.prompts)
+
+    def prompt_entries(self, p: int, event: TokenEvent) -> list[TokenLogprob]:
+        """Prompt p's logprobs, as far as known (the event may be the one that brings them)."""
+        if event.prompt_logprobs is not None:
+            self.scored[p] = event.prompt_logprobs
+        return self.scored.get(p, [])
+
+    def output(self, choice: _Choice) -> ChoiceOutput:
+        top = self.job.prompt_logprobs
+        entries = self.scored.get(choice.prompt_index, [])
+        return ChoiceOutput(
+            text="".join(choice.texts),
+            finish_reason=choice.generation.finish_reason or "",
+            logprobs=choice.logprobs,
+            first_token=choice.prompt.ids[0] if choice.echo else None,
+            prompt_logprobs=None
+            if top is None
+            else docs.prompt_logprobs(entries, self.token_bytes, top),
+        )
 
     def usage(self) -> docs.Usage:
-        cached = self.generation.num_cached_tokens or None
-        return docs.usage(self.num_prompt, self.generation.num_tokens, cached)
+        """Every prompt counted once, every generated token of every choice."""
+        generated = sum(c.generation.num_tokens for c in self.choices)
+        cached = sum(c.generation.num_cached_tokens for c in self.choices[:: self.job.n])
+        return docs.usage(self.num_prompt_tokens, generated, cached)
 
     def refusal(self, error: ServingError) -> ServingError:
         """A context refusal from the core names no field; the request's prompt is the one."""
         if error.code is ErrorCode.CONTEXT_LENGTH_EXCEEDED and error.param is None:
-            error.param = self.param
+            error.param = self.job.param
         return error

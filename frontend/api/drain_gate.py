@@ -24,7 +24,10 @@ class DrainGate:
     @contextmanager
     def admit(self) -> Iterator[None]:
         if self.draining:
-            raise ServingError(ErrorCode.SHUTTING_DOWN, "The server is shutting down.")
+            # another replica (or this one's successor) may take the retry at once
+            raise ServingError(
+                ErrorCode.SHUTTING_DOWN, "The server is shutting down.", retry_after=1
+            )
         self.in_flight += 1
         self._idle.clear()
         try:

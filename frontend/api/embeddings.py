@@ -10,20 +10,23 @@ from frontend.api.json_response import json_response
 from frontend.core.client import CoreClient
 from frontend.openai import responses as docs
 from frontend.openai.conversion import Converter
-from frontend.openai.requests import EmbeddingRequest, decode_request
+from frontend.openai.requests import EmbeddingRequest, RequestDecoder
 from frontend.text.served_model import ServedModel
 
 
 class EmbeddingRoutes:
     """POST /v1/embeddings: one mean-pooled, normalized vector per input, in order."""
 
-    def __init__(self, core: CoreClient, model: ServedModel, converter: Converter) -> None:
+    def __init__(
+        self, core: CoreClient, model: ServedModel, converter: Converter, decoder: RequestDecoder
+    ) -> None:
         self._core = core
         self._model = model
         self._converter = converter
+        self._decoder = decoder
 
     async def embeddings(self, request: web.Request) -> web.Response:
-        req = decode_request(await request.read(), EmbeddingRequest)
+        req = self._decoder.decode(await request.read(), EmbeddingRequest)
         inputs = await self._converter.embeddings(req)
         embedded = await self._core.embed(f"embd-{uuid.uuid4().hex}", inputs)
         num_tokens = sum(len(ids) for ids in inputs)

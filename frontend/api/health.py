@@ -1,8 +1,10 @@
-"""The health port: GET /healthz (also on the API port), /readyz and /metrics."""
+"""The health port: GET /healthz (also on the API port), /readyz and /metrics; and the probes
+vLLM's users call on the API port: /health, /ping, /version."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from importlib import metadata
 
 from aiohttp import web
 
@@ -15,6 +17,10 @@ from frontend.core.client import CoreClient
 async def healthz(request: web.Request) -> web.Response:
     """Liveness: the process answers. Stays 200 while draining, until exit."""
     return json_response({"status": "ok"})
+
+
+async def version(request: web.Request) -> web.Response:
+    return json_response({"version": metadata.version("tl-serve")})
 
 
 class HealthRoutes:
@@ -36,7 +42,8 @@ class HealthRoutes:
         self._peers = peers  # the /metrics text of the other workers, to add to ours
 
     async def readyz(self, request: web.Request) -> web.Response:
-        """Readiness: 503 while draining or while no core has handshaken."""
+        """Readiness: 503 while draining or while no core has handshaken. It is also vLLM's
+        /health and SageMaker's /ping on the API port (200 while the engine core serves)."""
         if self._drain_gate.draining:
             return json_response({"status": "draining"}, 503)
         if not self._core.ready:

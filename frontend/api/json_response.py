@@ -10,7 +10,7 @@ from aiohttp import web
 from shared.errors import ErrorCode, ServingError
 
 _ENCODER: Final = msgspec.json.Encoder()
-RETRY_AFTER_S: Final = "1"
+DEFAULT_RETRY_AFTER_S: Final = "1"  # a core that did not say
 
 
 def json_response(document: object, status: int = 200) -> web.Response:
@@ -19,10 +19,15 @@ def json_response(document: object, status: int = 200) -> web.Response:
     )
 
 
-def error_response(error: ServingError, headers: dict[str, str] | None = None) -> web.Response:
-    """The OpenAI error document; a full queue also says when to come back."""
-    response = json_response(error.to_document(), error.http_status)
-    if error.code is ErrorCode.RATE_LIMIT_EXCEEDED:
-        response.headers["Retry-After"] = RETRY_AFTER_S
+def error_response(
+    error: ServingError, headers: dict[str, str] | None = None, request_id: str | None = None
+) -> web.Response:
+    """The OpenAI error document (naming the request); a refusal that waiting may cure says when
+    to come back (a full queue always does)."""
+    response = json_response(error.to_document(request_id), error.http_status)
+    if error.retry_after is not None:
+        response.headers["Retry-After"] = str(error.retry_after)
+    elif error.code is ErrorCode.RATE_LIMIT_EXCEEDED:
+        response.headers["Retry-After"] = DEFAULT_RETRY_AFTER_S
     response.headers.update(headers or {})
     return response

@@ -20,6 +20,7 @@ from shared.core_link import NO_KEYS, CurveKeys, check_protected
 from shared.errors import ErrorCode, ServingError
 from shared.protocol import (
     Abort,
+    Accepted,
     Bye,
     Embed,
     Embedded,
@@ -28,7 +29,6 @@ from shared.protocol import (
     Heartbeat,
     Hello,
     Rejected,
-    SamplingParams,
     Shutdown,
     ShutdownCore,
     Stats,
@@ -134,23 +134,36 @@ class CoreClient:
             if self._welcome is not None:
                 return self._welcome
 
-    def submit(
-        self, rid: str, prompt_ids: list[int], params: SamplingParams, priority: int = 0
-    ) -> RequestStream:
+    def submit(self, submits: list[Submit]) -> RequestStream:
+        """Send the Submits of one HTTP request (one per prompt, n choices each); their
+        answers come on one stream."""
         self.require_welcome()
-        assert rid not in self._streams, rid
-        stream = RequestStream(rid)
-        self._streams[rid] = stream
-        self._send(Submit(rid, prompt_ids, params, priority))
+        rids = [s.rid for s in submits]
+        if any(rid in self._streams for rid in rids) or len(set(rids)) != len(rids):
+            raise ServingError(
+                ErrorCode.INVALID_VALUE, "This request id is in use.", "X-Request-Id"
+            )
+        stream = RequestStream(rids, submits[0].n)
+        for submit in submits:
+            self._streams[submit.rid] = stream
+            self._send(submit)
         return stream
 
     def release(self, stream: RequestStream) -> None:
         """The handler is done with `stream`: abort it in the core if it is still running."""
         if not stream.closed:
             stream.closed = True
-            self._streams.pop(stream.rid, None)
+            for rid in stream.rids:
+                self._streams.pop(rid, None)
             # synchronous: this runs in `finally` of a cancelled handler, and must not be lost
-            self._send(Abort([stream.rid]))
+            self._send(Abort(list(stream.rids)))
+
+    def abort_choice(self, stream: RequestStream, index: int) -> None:
+        """The handler ended choice `index` (a stop string): the core stops generating it."""
+        rid, local, done = stream.drop(index)
+        if done:
+            self._streams.pop(rid, None)
+        self._send(Abort([rid], local))
 
     async def embed(self, rid: str, inputs: list[list[int]]) -> Embedded:
         self.require_welcome()
@@ -190,7 +203,7 @@ class CoreClient:
             log.log(level, "engine core lost: %s", reason)
         self._welcome = None
         self._welcomed.clear()
-        for stream in self._streams.values():
+        for stream in set(self._streams.values()):
             stream.put(unavailable(reason))
         self._streams.clear()
         waiters: list[asyncio.Future[Any]] = [*self._embeds.values(), *self._stats]
@@ -310,16 +323,15 @@ class CoreClient:
                 self._welcome = self.last_welcome = message
                 self._welcomed.set()
                 log.info("engine core ready: %s", message)
+            case Accepted(rid=rid):
+                stream = self._streams.get(rid)
+                if stream is not None:
+                    stream.admit(rid)
             case Step(events=events):
                 for event in events:
                     self._route(event)
-            case Rejected(rid=rid):
-                stream = self._streams.pop(rid, None)
-                if stream is not None:
-                    stream.put(rejection_error(message))
-                future = self._embeds.pop(rid, None)
-                if future is not None and not future.done():
-                    future.set_exception(rejection_error(message))
+            case Rejected():
+                self._rejected(message)
             case Embedded(rid=rid):
                 future = self._embeds.pop(rid, None)
                 if future is not None and not future.done():
@@ -332,17 +344,30 @@ class CoreClient:
             case Shutdown(reason=reason):
                 self.lose(f"it shut down ({reason})")
 
+    def _rejected(self, message: Rejected) -> None:
+        stream = self._streams.get(message.rid)
+        if stream is not None:
+            self._fail(stream, rejection_error(message))
+        future = self._embeds.pop(message.rid, None)
+        if future is not None and not future.done():
+            future.set_exception(rejection_error(message))
+
     def _route(self, event: TokenEvent) -> None:
         stream = self._streams.get(event.rid)
         if stream is None:
             return  # aborted by us: its last tokens are of no use
-        if event.finish is not None:
-            del self._streams[event.rid]
         if event.finish is FinishReason.ABORT:
-            stream.put(unavailable("it aborted the request"))
+            self._fail(stream, unavailable("it aborted the request"))
         elif event.finish is FinishReason.ERROR:
-            stream.put(
-                ServingError(ErrorCode.INTERNAL_ERROR, "The engine core failed the request.")
-            )
-        else:
-            stream.put(event)
+            error = ServingError(ErrorCode.INTERNAL_ERROR, "The engine core failed the request.")
+            self._fail(stream, error)
+        elif stream.put(event):  # every choice of this Submit has finished
+            del self._streams[event.rid]
+
+    def _fail(self, stream: RequestStream, error: ServingError) -> None:
+        """The whole request ends with `error`: its other Submits are of no use either."""
+        stream.put(error)
+        for rid in stream.rids:
+            self._streams.pop(rid, None)
+        if len(stream.rids) > 1:
+            self._send(Abort(list(stream.rids)))

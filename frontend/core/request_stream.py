@@ -1,4 +1,4 @@
-"""What the core sends back for one request, queued for the handler that waits on it."""
+"""What the core sends back for one HTTP request, queued for the handler that waits on it."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ _REJECTIONS: Final = {
 
 
 def rejection_error(message: Rejected) -> ServingError:
-    return ServingError(_REJECTIONS[message.reason], message.message)
+    return ServingError(
+        _REJECTIONS[message.reason], message.message, retry_after=message.retry_after_s or None
+    )
 
 
 def unavailable(reason: str) -> ServingError:
@@ -31,21 +33,89 @@ def unavailable(reason: str) -> ServingError:
 
 
 class RequestStream:
-    """TokenEvents of one rid until one carries a finish, or a single ServingError."""
+    """The TokenEvents of every choice of one HTTP request until each has finished, or a
+    single ServingError.
 
-    __slots__ = ("_items", "_wakeup", "closed", "rid")
+    The request is one Submit per prompt (`rids`), each with `n` choices; an event comes out
+    with `index` rewritten to its choice in the whole request, prompt-major (p * n + j).
+    """
 
-    def __init__(self, rid: str) -> None:
-        self.rid = rid
+    __slots__ = (
+        "_dropped",
+        "_error",
+        "_items",
+        "_left",
+        "_offsets",
+        "_unadmitted",
+        "_wakeup",
+        "closed",
+        "n",
+        "rids",
+    )
+
+    def __init__(self, rids: list[str], n: int = 1) -> None:
+        self.rids = rids
+        self.n = n
+        self._offsets = {rid: p * n for p, rid in enumerate(rids)}
+        self._left = dict.fromkeys(rids, n)  # unfinished choices, by Submit
+        self._unadmitted = set(rids)
+        self._dropped: set[int] = set()  # choices the handler ended itself (a stop string)
         self._items: deque[Item] = deque()
+        self._error: ServingError | None = None
         self._wakeup = asyncio.Event()
-        self.closed = False  # the core is done with this rid: finished, refused, aborted or lost
+        self.closed = False  # the core is done with it: finished, refused, aborted or lost
 
-    def put(self, item: Item) -> None:
-        self._items.append(item)
-        if isinstance(item, ServingError) or item.finish is not None:
-            self.closed = True
+    @property
+    def rid(self) -> str:
+        """The first Submit's rid (the request's, for logs)."""
+        return self.rids[0]
+
+    def admit(self, rid: str) -> None:
+        """The core has queued `rid`."""
+        self._unadmitted.discard(rid)
         self._wakeup.set()
+
+    def put(self, item: Item) -> bool:
+        """Queue an event (or the error that ends the request); True once the event's Submit
+        has no unfinished choice left."""
+        if isinstance(item, ServingError):
+            if not self.closed:
+                self.closed = True
+                self._error = item
+                self._items.append(item)
+                self._wakeup.set()
+            return True
+        rid = item.rid
+        self._unadmitted.discard(rid)  # an event is proof of admission
+        item.index += self._offsets[rid]
+        if item.index not in self._dropped:
+            self._items.append(item)
+            self._wakeup.set()
+            if item.finish is not None:
+                self._finish_choice(rid)
+        return self._left[rid] == 0
+
+    def drop(self, index: int) -> tuple[str, int, bool]:
+        """The handler ends choice `index` itself: (its Submit's rid, its index there, whether
+        that Submit has no unfinished choice left)."""
+        rid = self.rids[index // self.n]
+        if index not in self._dropped:
+            self._dropped.add(index)
+            self._finish_choice(rid)
+        return rid, index % self.n, self._left[rid] == 0
+
+    def _finish_choice(self, rid: str) -> None:
+        self._left[rid] -= 1
+        if not any(self._left.values()):
+            self.closed = True
+
+    async def admitted(self) -> None:
+        """Return once every Submit is admitted; raise the error that came first instead."""
+        while self._unadmitted and self._error is None:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        if self._unadmitted and self._error is not None:
+            raise self._error
 
     async def get(self, timeout: float | None = None) -> Item | None:
         """The next item; None if `timeout` seconds pass without one."""

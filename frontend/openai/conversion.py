@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, NamedTuple
 
 from frontend.openai.requests import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    DetokenizeRequest,
     EmbeddingRequest,
     GenerateRequest,
     TokenizeRequest,
@@ -18,9 +19,11 @@ from frontend.openai.requests import (
 from frontend.openai.validation import (
     PRIORITY_HEADER,
     check_num_messages,
-    completion_prompt,
+    checked_token_ids,
+    completion_prompts,
     embedding_inputs,
     invalid,
+    logit_bias,
     parse_priority,
     validate_chat,
     validate_completion,
@@ -40,18 +43,41 @@ DEFAULT_COMPLETION_MAX_TOKENS: Final = 16
 KV_HANDLE_HEADER: Final = "X-TL-KV-Handle"
 
 
+class Prompt(NamedTuple):
+    """One prompt of a job: its token ids, and the text `echo` writes back."""
+
+    ids: list[int]
+    text: str
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationJob:
     """One validated generation request: what the core is sent, and how its answer is written."""
 
     chat: bool  # chat.completion documents, else text_completion
-    prompt_ids: list[int]
+    prompts: list[Prompt]  # one Submit each; choice p * n + j is choice j of prompt p
+    n: int  # choices per prompt
     params: SamplingParams
     stops: list[str]  # stop strings: the frontend cuts the text there
     priority: int
+    cache_salt: str
     stream: bool
     include_usage: bool  # streamed: a usage chunk before [DONE]
+    continuous_usage: bool  # streamed: usage so far in every chunk
+    echo: bool  # each choice's text starts with its prompt
+    include_stop: bool  # a stop string (or stop token) that ends a choice stays in its text
+    skip_special_tokens: bool
+    prompt_logprobs: int | None  # vLLM's prompt_logprobs field: top n per prompt token
     param: str  # the field a context refusal names: messages or prompt
+
+    @property
+    def logprobs(self) -> int | None:
+        """Top alternatives per token of the answer's logprobs; None = no logprobs."""
+        return self.params.logprobs
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts) * self.n
 
 
 class Converter:
@@ -75,21 +101,25 @@ class Converter:
     async def chat(self, req: ChatCompletionRequest, headers: Mapping[str, str]) -> GenerationJob:
         validate_chat(req)
         check_num_messages(len(req.messages), self._max_messages)
-        welcome, priority = self._gate(req.model, headers)
-        text = self._render(req.messages, add_generation_prompt=True)
+        welcome, priority = self._gate(req.model, headers, req.priority)
+        text = self._render(req.messages, True, req.chat_template_kwargs)
         # the template writes the special tokens it wants: none are added
         prompt_ids = await self._model.encode(text, add_special_tokens=False)
-        return _job(req, prompt_ids, welcome, priority)
+        return _job(req, [Prompt(prompt_ids, text)], welcome, priority)
 
     async def completion(self, req: CompletionRequest, headers: Mapping[str, str]) -> GenerationJob:
         validate_completion(req)
-        welcome, priority = self._gate(req.model, headers)
-        prompt = completion_prompt(req)
-        if isinstance(prompt, str):
-            prompt_ids = await self._model.encode(prompt, add_special_tokens=True)
-        else:
-            prompt_ids = _in_vocabulary("prompt", prompt, welcome)
-        return _job(req, prompt_ids, welcome, priority)
+        welcome, priority = self._gate(req.model, headers, req.priority)
+        prompts = []
+        for i, prompt in enumerate(completion_prompts(req)):
+            if isinstance(prompt, str):
+                ids = await self._model.encode(prompt, add_special_tokens=True)
+                prompts.append(Prompt(ids, prompt))
+            else:
+                param = "prompt" if len(prompts) == i == 0 else f"prompt[{i}]"
+                ids = _in_vocabulary(param, prompt, welcome)
+                prompts.append(Prompt(ids, self._model.decode_special(ids)))
+        return _job(req, prompts, welcome, priority)
 
     async def embeddings(self, req: EmbeddingRequest) -> list[list[int]]:
         """The token ids of each input, in order."""
@@ -123,7 +153,9 @@ class Converter:
         welcome = self._require_welcome()
         if req.messages is not None:
             check_num_messages(len(req.messages), self._max_messages)
-            text = self._render(req.messages, req.add_generation_prompt is not False)
+            text = self._render(
+                req.messages, req.add_generation_prompt is not False, req.chat_template_kwargs
+            )
             # what /v1/chat/completions would send: the template wrote its special tokens
             add_special_tokens = bool(req.add_special_tokens)
         else:
@@ -132,10 +164,28 @@ class Converter:
             add_special_tokens = req.add_special_tokens is not False
         return await self._model.encode(text, add_special_tokens), welcome
 
-    def _gate(self, model: str, headers: Mapping[str, str]) -> tuple[Welcome, int]:
-        """Model, priority, KV handle, a core to send to: checked before any prompt work."""
+    def token_strs(self, tokens: list[int]) -> list[str]:
+        """Each token's vocabulary entry (byte-level BPE writes a leading space as "Ġ")."""
+        return [self._model.tokenizer.id_to_token(t) or "" for t in tokens]
+
+    def detokenize(self, req: DetokenizeRequest) -> str:
+        """The text of the token ids, special tokens written out."""
+        self._model.check(req.model)
+        welcome = self._require_welcome()
+        if req.tokens:
+            _in_vocabulary("tokens", checked_token_ids("tokens", req.tokens), welcome)
+        return self._model.decode_special(req.tokens)
+
+    def _gate(
+        self, model: str, headers: Mapping[str, str], body_priority: int | None = None
+    ) -> tuple[Welcome, int]:
+        """Model, priority, KV handle, a core to send to: checked before any prompt work.
+
+        X-TL-Priority (higher first) wins over the body's vLLM `priority` (lower first).
+        """
         self._model.check(model)
-        priority = parse_priority(headers.get(PRIORITY_HEADER))
+        header = headers.get(PRIORITY_HEADER)
+        priority = parse_priority(header) if header is not None else -(body_priority or 0)
         if KV_HANDLE_HEADER in headers:
             raise ServingError(
                 ErrorCode.KV_HANDLE_NOT_FOUND,
@@ -144,33 +194,61 @@ class Converter:
             )
         return self._require_welcome(), priority
 
-    def _render(self, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
+    def _render(
+        self,
+        messages: list[ChatMessage],
+        add_generation_prompt: bool,
+        template_kwargs: dict[str, Any] | None,
+    ) -> str:
+        template = self._model.template
+        # a template that knows no developer role reads such messages as system ones
+        keep_developer = "developer" in template.source
         try:
-            return self._model.template.render(
-                template_messages(messages), add_generation_prompt=add_generation_prompt
+            return template.render(
+                template_messages(messages, keep_developer),
+                add_generation_prompt=add_generation_prompt,
+                variables=template_kwargs,
             )
         except TemplateRenderError as e:
             raise invalid("messages", e.message) from e
 
 
 def _job(
-    req: GenerateRequest, prompt_ids: list[int], welcome: Welcome, priority: int
+    req: GenerateRequest, prompts: list[Prompt], welcome: Welcome, priority: int
 ) -> GenerationJob:
     chat = isinstance(req, ChatCompletionRequest)
     param = "messages" if chat else "prompt"
-    if not prompt_ids:
-        raise invalid(param, f"The {param} must not render to an empty prompt.")
     requested = requested_max_tokens(req)
-    max_tokens = context_budget(requested, len(prompt_ids), welcome.max_model_len, param)
+    if not all(prompt.ids for prompt in prompts):
+        raise invalid(param, f"The {param} must not render to an empty prompt.")
+    # as asked (every prompt has room for it), or what the context leaves
+    max_tokens = min(
+        context_budget(requested, len(prompt.ids), welcome.max_model_len, param)
+        for prompt in prompts
+    )
+    if req.min_tokens is not None and req.min_tokens > max_tokens:
+        raise invalid("min_tokens", f"'min_tokens' must be at most max_tokens ({max_tokens}).")
+    bias = logit_bias(req)
+    if any(t >= welcome.vocab_size for t in bias):
+        raise invalid("logit_bias", f"'logit_bias' token ids must be below {welcome.vocab_size}.")
     options = req.stream_options
+    stream = bool(req.stream)
+    echo = isinstance(req, CompletionRequest) and bool(req.echo)
     return GenerationJob(
         chat=chat,
-        prompt_ids=prompt_ids,
-        params=to_sampling_params(req, max_tokens, welcome.eos_ids),
+        prompts=prompts,
+        n=req.n or 1,
+        params=to_sampling_params(req, max_tokens, welcome.eos_ids, bias),
         stops=stop_strings(req),
         priority=priority,
-        stream=bool(req.stream),
+        cache_salt=req.cache_salt or "",
+        stream=stream,
         include_usage=bool(options is not None and options.include_usage),
+        continuous_usage=bool(options is not None and options.continuous_usage_stats),
+        echo=echo,
+        include_stop=bool(req.include_stop_str_in_output),
+        skip_special_tokens=req.skip_special_tokens is not False,
+        prompt_logprobs=req.prompt_logprobs,
         param=param,
     )
 
@@ -182,9 +260,11 @@ def _in_vocabulary(param: str, ids: list[int], welcome: Welcome) -> list[int]:
 
 
 def context_budget(requested: int | None, num_prompt: int, max_model_len: int, param: str) -> int:
-    """max_tokens for the core: as asked, or what is left of the context (400 if nothing fits)."""
+    """max_tokens for the core: as asked, or what is left of the context (400 if nothing fits).
+
+    A request may ask for 0 (echo: the prompt is scored, nothing generated)."""
     max_tokens = max_model_len - num_prompt if requested is None else requested
-    if max_tokens < 1 or num_prompt + max_tokens > max_model_len:
+    if max_tokens < (1 if requested is None else 0) or num_prompt + max_tokens > max_model_len:
         raise ServingError(
             ErrorCode.CONTEXT_LENGTH_EXCEEDED,
             f"This model's maximum context length is {max_model_len} tokens. However, you "
@@ -196,8 +276,11 @@ def context_budget(requested: int | None, num_prompt: int, max_model_len: int, p
     return max_tokens
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Validated messages as the chat template sees them; text parts joined by newlines."""
+def template_messages(
+    messages: list[ChatMessage], keep_developer: bool = True
+) -> list[dict[str, str]]:
+    """Validated messages as the chat template sees them: text parts joined by newlines, a
+    `name` kept, `developer` as `system` unless the template knows it."""
     rendered = []
     for message in messages:
         if message.content is None:
@@ -206,7 +289,13 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
             content = message.content
         else:
             content = "\n".join(part.text or "" for part in message.content)
-        rendered.append({"role": message.role, "content": content})
+        role = message.role
+        if role == "developer" and not keep_developer:
+            role = "system"
+        entry = {"role": role, "content": content}
+        if message.name is not None:
+            entry["name"] = message.name
+        rendered.append(entry)
     return rendered
 
 
@@ -225,13 +314,20 @@ def requested_max_tokens(req: GenerateRequest) -> int | None:
 
 
 def to_sampling_params(
-    req: GenerateRequest, max_tokens: int, eos_ids: Iterable[int]
+    req: GenerateRequest,
+    max_tokens: int,
+    eos_ids: Iterable[int],
+    bias: dict[int, float] | None = None,
 ) -> SamplingParams:
-    """Translate a validated request; `max_tokens` is already resolved against the context."""
+    """Translate a validated request; `max_tokens` is already resolved against the context,
+    `bias` is its checked logit_bias."""
+    prompt_logprobs = req.prompt_logprobs
     if isinstance(req, ChatCompletionRequest):
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
     else:
         logprobs = req.logprobs
+        if req.echo and logprobs is not None:  # the echoed prompt's tokens have logprobs too
+            prompt_logprobs = max(logprobs, prompt_logprobs or 0)
     ignore_eos = bool(req.ignore_eos)
     own = (i for i in req.stop_token_ids or () if i <= MAX_TOKEN_ID)
     top_k = min(req.top_k, MAX_TOKEN_ID) if req.top_k is not None and req.top_k > 0 else 0
@@ -249,4 +345,7 @@ def to_sampling_params(
         stop_token_ids=stop_token_ids(eos_ids, own, ignore_eos),
         ignore_eos=ignore_eos,
         logprobs=logprobs,
+        min_tokens=req.min_tokens or 0,
+        logit_bias=bias or {},
+        prompt_logprobs=prompt_logprobs,
     )

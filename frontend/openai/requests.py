@@ -7,6 +7,7 @@ path without the leading `$.`: `temperature`, `messages[0].content`, `stop[1]`.
 
 from __future__ import annotations
 
+import logging
 import re
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
@@ -14,6 +15,8 @@ from typing import Any, Final, TypeVar
 import msgspec
 
 from shared.errors import ErrorCode, ServingError
+
+log = logging.getLogger(__name__)
 
 
 class TextPart(msgspec.Struct, kw_only=True):
@@ -31,9 +34,21 @@ class ChatMessage(msgspec.Struct, kw_only=True):
 
 class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None  # vLLM: usage so far in every chunk
 
 
-class ChatCompletionRequest(msgspec.Struct, kw_only=True):
+class SamplingFields(msgspec.Struct, kw_only=True):
+    """vLLM's extras, shared by both generation requests."""
+
+    min_tokens: int | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    priority: int | None = None  # vLLM's: lower runs first
+    cache_salt: str | None = None
+    prompt_logprobs: int | None = None
+
+
+class ChatCompletionRequest(SamplingFields, kw_only=True):
     """POST /v1/chat/completions."""
 
     model: str
@@ -62,10 +77,11 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     user: str | None = None
     ignore_eos: bool | None = None
     logit_bias: dict[str, float] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
-class CompletionRequest(msgspec.Struct, kw_only=True):
-    """POST /v1/completions; `prompt` is one prompt (text, or token ids)."""
+class CompletionRequest(SamplingFields, kw_only=True):
+    """POST /v1/completions; `prompt` is one or several prompts (texts, or token ids)."""
 
     model: str
     # str | list[str] | list[int] | list[list[int]]; msgspec allows one array type per union.
@@ -111,19 +127,44 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool | None = None
+    return_token_strs: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
-Request = ChatCompletionRequest | CompletionRequest | EmbeddingRequest | TokenizeRequest
+class DetokenizeRequest(msgspec.Struct, kw_only=True):
+    """POST /detokenize: token ids back to text."""
+
+    model: str
+    tokens: list[int]
+
+
+Request = (
+    ChatCompletionRequest
+    | CompletionRequest
+    | EmbeddingRequest
+    | TokenizeRequest
+    | DetokenizeRequest
+)
 GenerateRequest = ChatCompletionRequest | CompletionRequest
-R = TypeVar("R", ChatCompletionRequest, CompletionRequest, EmbeddingRequest, TokenizeRequest)
+R = TypeVar(
+    "R",
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+    DetokenizeRequest,
+)
+KINDS: Final = (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+    DetokenizeRequest,
+)
 
 # Decoders are immutable and costly to build: one per request type.
-_DECODERS: Final = MappingProxyType(
-    {
-        kind: msgspec.json.Decoder(kind)
-        for kind in (ChatCompletionRequest, CompletionRequest, EmbeddingRequest, TokenizeRequest)
-    }
-)
+_DECODERS: Final = MappingProxyType({kind: msgspec.json.Decoder(kind) for kind in KINDS})
+_KEYS: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])  # the top-level fields of a body
 # The body field that must be present (and non-null) for each kind, besides `model`.
 _REQUIRED: Final = MappingProxyType(
     {
@@ -131,6 +172,7 @@ _REQUIRED: Final = MappingProxyType(
         CompletionRequest: ("model", "prompt"),
         EmbeddingRequest: ("model", "input"),
         TokenizeRequest: ("model",),
+        DetokenizeRequest: ("model", "tokens"),
     }
 )
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
@@ -153,6 +195,22 @@ def decode_request(body: bytes, kind: type[R]) -> R:
             ErrorCode.MISSING_REQUIRED_PARAMETER, "'messages' must not be empty.", "messages"
         )
     return request
+
+
+class RequestDecoder:
+    """decode_request, and a warning the first time each unknown top-level field is seen
+    (unknown fields are ignored: a client may be written for another server)."""
+
+    def __init__(self) -> None:
+        self._warned: set[str] = set()
+
+    def decode(self, body: bytes, kind: type[R]) -> R:
+        request = decode_request(body, kind)
+        unknown = _KEYS.decode(body).keys() - kind.__struct_fields__ - self._warned
+        for name in sorted(unknown):
+            log.warning("ignored the unknown field %r of a %s (warned once)", name, kind.__name__)
+        self._warned |= unknown
+        return request
 
 
 def _validation_error(text: str, required: tuple[str, ...]) -> ServingError:

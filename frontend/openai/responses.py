@@ -30,11 +30,11 @@ class PromptTokensDetails(msgspec.Struct):
     cached_tokens: int
 
 
-class Usage(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Usage(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    prompt_tokens_details: PromptTokensDetails | None = None
+    prompt_tokens_details: PromptTokensDetails
 
 
 class TopLogprobEntry(msgspec.Struct, kw_only=True):
@@ -56,9 +56,22 @@ class ChatLogprobs(msgspec.Struct):
 
 class CompletionLogprobs(msgspec.Struct, kw_only=True):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # None: an echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]  # character offset of each token in the returned text
+
+
+class PromptLogprob(msgspec.Struct, kw_only=True):
+    """vLLM's prompt_logprobs entry of one token."""
+
+    logprob: float
+    rank: int
+    decoded_token: str
+
+
+# per prompt token: None for the first, else token id (as a string) -> its entry, for the
+# prompt's own token and the best alternatives
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
 
 
 class AssistantMessage(msgspec.Struct, kw_only=True):
@@ -73,13 +86,14 @@ class ChatChoice(msgspec.Struct, kw_only=True):
     finish_reason: str
 
 
-class ChatCompletion(msgspec.Struct, kw_only=True):
+class ChatCompletion(msgspec.Struct, kw_only=True, omit_defaults=True):
     id: str
     object: str
     created: int
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class Delta(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -103,11 +117,12 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
     usage: Usage | None = None
 
 
-class TextChoice(msgspec.Struct, kw_only=True):
+class TextChoice(msgspec.Struct, kw_only=True, omit_defaults=True):
     index: int
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: str | None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class TextCompletion(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -144,6 +159,7 @@ class ModelEntry(msgspec.Struct, kw_only=True):
     object: str = "model"
     created: int
     owned_by: str
+    max_model_len: int
 
 
 class ModelList(msgspec.Struct, kw_only=True):
@@ -151,33 +167,51 @@ class ModelList(msgspec.Struct, kw_only=True):
     data: list[ModelEntry]
 
 
-class TokenizeResponse(msgspec.Struct, kw_only=True):
+class TokenizeResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
     tokens: list[int]
     count: int
     max_model_len: int
+    token_strs: list[str] | None = None  # when return_token_strs
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> Usage:
-    details = None if cached_tokens is None else PromptTokensDetails(cached_tokens)
+class DetokenizeResponse(msgspec.Struct, kw_only=True):
+    prompt: str
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
-        prompt_tokens_details=details,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens),
     )
 
 
-def chat_completion(
-    head: Head, content: str, finish_reason: str, usage: Usage, logprobs: ChatLogprobs | None = None
-) -> ChatCompletion:
+def chat_choice(
+    index: int, content: str, finish_reason: str, logprobs: ChatLogprobs | None = None
+) -> ChatChoice:
     message = AssistantMessage(content=content)
-    choice = ChatChoice(index=0, message=message, logprobs=logprobs, finish_reason=finish_reason)
-    return ChatCompletion(**head._asdict(), object="chat.completion", choices=[choice], usage=usage)
+    return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason=finish_reason)
 
 
-def chat_role_chunk(head: Head) -> ChatCompletionChunk:
-    """The first chunk of a chat stream: the assistant role and empty content."""
-    choice = ChunkChoice(index=0, delta=Delta(role="assistant", content=""))
+def chat_completion(
+    head: Head,
+    choices: list[ChatChoice],
+    usage: Usage,
+    prompt_logprobs: PromptLogprobs | None = None,
+) -> ChatCompletion:
+    return ChatCompletion(
+        **head._asdict(),
+        object="chat.completion",
+        choices=choices,
+        usage=usage,
+        prompt_logprobs=prompt_logprobs,
+    )
+
+
+def chat_role_chunk(head: Head, index: int = 0) -> ChatCompletionChunk:
+    """The first chunk of a choice of a chat stream: the assistant role and empty content."""
+    choice = ChunkChoice(index=index, delta=Delta(role="assistant", content=""))
     return ChatCompletionChunk(**head._asdict(), object="chat.completion.chunk", choices=[choice])
 
 
@@ -186,11 +220,17 @@ def chat_chunk(
     content: str | None,
     finish_reason: str | None = None,
     logprobs: ChatLogprobs | None = None,
+    *,
+    index: int = 0,
+    usage: Usage | None = None,
 ) -> ChatCompletionChunk:
-    """A content delta; content None gives `delta: {}` (a finish with nothing left to send)."""
+    """A content delta; content None gives `delta: {}` (a finish with nothing left to send).
+    `usage` so far rides on it when asked for (continuous_usage_stats)."""
     delta = Delta(content=content)
-    choice = ChunkChoice(index=0, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
-    return ChatCompletionChunk(**head._asdict(), object="chat.completion.chunk", choices=[choice])
+    choice = ChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
+    return ChatCompletionChunk(
+        **head._asdict(), object="chat.completion.chunk", choices=[choice], usage=usage
+    )
 
 
 def chat_usage_chunk(head: Head, usage: Usage) -> ChatCompletionChunk:
@@ -199,16 +239,28 @@ def chat_usage_chunk(head: Head, usage: Usage) -> ChatCompletionChunk:
     )
 
 
-def text_completion(
-    head: Head,
+def text_choice(
+    index: int,
     text: str,
     finish_reason: str | None,
-    usage: Usage | None = None,
     logprobs: CompletionLogprobs | None = None,
+    prompt_logprobs: PromptLogprobs | None = None,
+) -> TextChoice:
+    return TextChoice(
+        index=index,
+        text=text,
+        logprobs=logprobs,
+        finish_reason=finish_reason,
+        prompt_logprobs=prompt_logprobs,
+    )
+
+
+def text_completion(
+    head: Head, choices: list[TextChoice], usage: Usage | None = None
 ) -> TextCompletion:
-    """The whole completion (with usage), or a stream chunk (finish_reason None until the end)."""
-    choice = TextChoice(index=0, text=text, logprobs=logprobs, finish_reason=finish_reason)
-    return TextCompletion(**head._asdict(), object="text_completion", choices=[choice], usage=usage)
+    """The whole completion (with usage), or a stream chunk (one choice, finish_reason None
+    until its end; usage so far when asked for)."""
+    return TextCompletion(**head._asdict(), object="text_completion", choices=choices, usage=usage)
 
 
 def text_usage_chunk(head: Head, usage: Usage) -> TextCompletion:
@@ -239,22 +291,55 @@ def chat_logprobs(
 
 
 def completion_logprobs(
-    entries: Sequence[TokenLogprob], token_bytes: Callable[[int], bytes], text_offset: int = 0
+    entries: Sequence[TokenLogprob],
+    token_bytes: Callable[[int], bytes],
+    text_offset: int = 0,
+    *,
+    first_token: int | None = None,
+    top_n: int | None = None,
 ) -> CompletionLogprobs:
-    """Legacy completions logprobs; offsets count characters from `text_offset`."""
-    tokens = [_text(token_bytes(e.token_id)) for e in entries]
+    """Legacy completions logprobs, `top_n` alternatives at most each; offsets count
+    characters from `text_offset`. `first_token` comes first, with no logprob (the first
+    token of an echoed prompt)."""
+    ids = ([] if first_token is None else [first_token]) + [e.token_id for e in entries]
+    tokens = [_text(token_bytes(t)) for t in ids]
     offsets = []
     for token in tokens:
         offsets.append(text_offset)
         text_offset += len(token)
+    head: list[None] = [] if first_token is None else [None]
     return CompletionLogprobs(
         tokens=tokens,
-        token_logprobs=[_finite(e.logprob) for e in entries],
+        token_logprobs=[*head, *(_finite(e.logprob) for e in entries)],
         top_logprobs=[
-            {_text(token_bytes(t.token_id)): _finite(t.logprob) for t in e.top} for e in entries
+            *head,
+            *(
+                {_text(token_bytes(t.token_id)): _finite(t.logprob) for t in e.top[:top_n]}
+                for e in entries
+            ),
         ],
         text_offset=offsets,
     )
+
+
+def prompt_logprobs(
+    entries: Sequence[TokenLogprob], token_bytes: Callable[[int], bytes], top_n: int
+) -> PromptLogprobs:
+    """vLLM's prompt_logprobs: None for the first prompt token, then for each next one its
+    entry and its `top_n` best alternatives' (rank 1 = the best)."""
+    out: PromptLogprobs = [None]
+
+    def entry(token_id: int, logprob: float, rank: int) -> PromptLogprob:
+        return PromptLogprob(
+            logprob=_finite(logprob), rank=rank, decoded_token=_text(token_bytes(token_id))
+        )
+
+    for e in entries:
+        ranked = {str(e.token_id): entry(e.token_id, e.logprob, e.rank)}
+        for j, t in enumerate(e.top[:top_n], start=1):
+            ranked.setdefault(str(t.token_id), entry(t.token_id, t.logprob, j))
+        out.append(ranked)
+    return out
 
 
 def _text(raw: bytes) -> str:

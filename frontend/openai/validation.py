@@ -19,10 +19,15 @@ from frontend.openai.requests import (
     TokenizeRequest,
 )
 from shared.errors import ErrorCode, ServingError
+from shared.protocol import MAX_CHOICES
 
 ROLES: Final = frozenset({"system", "user", "assistant", "tool", "developer"})
 MAX_STOP: Final = 4
 MAX_LOGPROBS: Final = 20
+MAX_PROMPTS: Final = 256  # prompts of one /v1/completions request
+MAX_LOGIT_BIAS: Final = 100.0
+# what the chat template is always given; chat_template_kwargs may add, not replace
+TEMPLATE_ARGUMENTS: Final = frozenset({"messages", "add_generation_prompt", "tools"})
 PRIORITY_HEADER: Final = "X-TL-Priority"
 _INTEGER: Final = re.compile(r"\s*[+-]?[0-9]{1,9}\s*")
 
@@ -49,7 +54,8 @@ def validate_chat(req: ChatCompletionRequest, max_stop: int = MAX_STOP) -> None:
         if not req.logprobs:
             raise invalid("top_logprobs", "'top_logprobs' requires 'logprobs' to be true.")
     if req.echo:
-        raise unsupported("echo", "'echo' is not supported.")
+        raise unsupported("echo", "'echo' is served on /v1/completions only.")
+    check_template_kwargs(req.chat_template_kwargs)
     for name, given in (
         ("tools", req.tools),
         ("tool_choice", req.tool_choice),
@@ -62,19 +68,18 @@ def validate_chat(req: ChatCompletionRequest, max_stop: int = MAX_STOP) -> None:
 
 def validate_completion(req: CompletionRequest, max_stop: int = MAX_STOP) -> None:
     _validate_sampling(req, max_stop)
-    if req.max_tokens is not None and req.max_tokens < 1:
-        raise invalid("max_tokens", f"'max_tokens' must be at least 1, got {req.max_tokens}.")
+    least = 0 if req.echo else 1  # with echo, 0 scores the prompt only
+    if req.max_tokens is not None and req.max_tokens < least:
+        raise invalid("max_tokens", f"'max_tokens' must be at least {least}, got {req.max_tokens}.")
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
         raise invalid("logprobs", f"'logprobs' must be in [0, {MAX_LOGPROBS}].")
     if req.best_of is not None and req.best_of < 1:
         raise invalid("best_of", "'best_of' must be at least 1.")
     if req.best_of is not None and req.best_of > 1:
         raise unsupported("best_of", "'best_of' > 1 is not supported.")
-    if req.echo:
-        raise unsupported("echo", "'echo' is not supported.")
     if req.suffix:
         raise unsupported("suffix", "'suffix' is not supported.")
-    completion_prompt(req)
+    completion_prompts(req)
 
 
 def validate_embedding(req: EmbeddingRequest) -> None:
@@ -98,6 +103,13 @@ def validate_tokenize(req: TokenizeRequest) -> None:
                 ErrorCode.MISSING_REQUIRED_PARAMETER, "'messages' must not be empty.", "messages"
             )
         _validate_messages(req.messages)
+    check_template_kwargs(req.chat_template_kwargs)
+
+
+def check_template_kwargs(kwargs: dict[str, object] | None) -> None:
+    clash = sorted(TEMPLATE_ARGUMENTS & set(kwargs or ()))
+    if clash:
+        raise invalid("chat_template_kwargs", f"'chat_template_kwargs' may not set {clash[0]!r}.")
 
 
 def _validate_sampling(req: GenerateRequest, max_stop: int) -> None:
@@ -111,16 +123,36 @@ def _validate_sampling(req: GenerateRequest, max_stop: int) -> None:
     _check_range("frequency_penalty", req.frequency_penalty, -2.0, 2.0)
     if req.repetition_penalty is not None and not req.repetition_penalty > 0.0:
         raise invalid("repetition_penalty", "'repetition_penalty' must be positive.")
-    if req.n is not None and req.n < 1:
-        raise invalid("n", f"'n' must be at least 1, got {req.n}.")
-    if req.n is not None and req.n > 1:
-        raise unsupported("n", "Only one choice (n = 1) is supported.")
+    if req.n is not None and not 1 <= req.n <= MAX_CHOICES:
+        raise invalid("n", f"'n' must be in [1, {MAX_CHOICES}], got {req.n}.")
     if isinstance(req.stop, list) and len(req.stop) > max_stop:
         raise invalid("stop", f"At most {max_stop} stop sequences are allowed.")
     if req.stop_token_ids is not None and any(i < 0 for i in req.stop_token_ids):
         raise invalid("stop_token_ids", "'stop_token_ids' must be token ids.")
-    if req.logit_bias:
-        raise unsupported("logit_bias", "'logit_bias' is not supported.")
+    logit_bias(req)
+    if req.min_tokens is not None and req.min_tokens < 0:
+        raise invalid("min_tokens", "'min_tokens' must be at least 0.")
+    if req.priority is not None and not -100 <= req.priority <= 100:
+        raise invalid("priority", "'priority' must be in [-100, 100].")
+    if req.cache_salt is not None and not req.cache_salt:
+        raise invalid("cache_salt", "'cache_salt' must be a non-empty string.")
+    if req.prompt_logprobs is not None:
+        if not 0 <= req.prompt_logprobs <= MAX_LOGPROBS:
+            raise invalid("prompt_logprobs", f"'prompt_logprobs' must be in [0, {MAX_LOGPROBS}].")
+        if req.stream:
+            raise invalid("prompt_logprobs", "'prompt_logprobs' is not served on streams.")
+
+
+def logit_bias(req: GenerateRequest) -> dict[int, float]:
+    """The token id -> bias map of a request (OpenAI: ids as strings, biases in [-100, 100])."""
+    out: dict[int, float] = {}
+    for key, bias in (req.logit_bias or {}).items():
+        if not key.isascii() or not key.isdigit() or len(key) > 9:
+            raise invalid("logit_bias", f"'logit_bias' keys must be token ids, got {key!r}.")
+        if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise invalid("logit_bias", "'logit_bias' values must be in [-100, 100].")
+        out[int(key)] = bias
+    return out
 
 
 def _check_range(name: str, value: float | None, lo: float, hi: float) -> None:
@@ -156,44 +188,39 @@ def _validate_messages(messages: list[ChatMessage]) -> None:
                 )
 
 
-def completion_prompt(req: CompletionRequest) -> str | list[int]:
-    """The single prompt of a completion request: text, or token ids."""
-    prompt: str | list[int] | list[str | int | list[int]] = req.prompt
-    if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
-        prompt = prompt[0]  # ["text"] or [[ids]]
-    if isinstance(prompt, str):
-        if not prompt:
-            raise invalid("prompt", "'prompt' must not be empty.")
-        return prompt
-    if not prompt:
-        raise invalid("prompt", "'prompt' must not be empty.")
-    if all(isinstance(p, int) for p in prompt):
-        return _token_ids("prompt", prompt)
-    if all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt):
-        raise unsupported("prompt", "Only one prompt per request is supported.")
-    raise invalid("prompt", "'prompt' must be text, a list of token ids, or a list of those.")
+def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
+    """The prompts of a completion request, in order: texts, or token-id lists."""
+    return _texts_or_ids("prompt", req.prompt, MAX_PROMPTS)
 
 
 def embedding_inputs(req: EmbeddingRequest) -> list[str | list[int]]:
     """The inputs of an embedding request, in order: texts or token-id lists."""
-    raw = req.input
-    if isinstance(raw, str):
-        raw = [raw]
-    if not raw:
-        raise invalid("input", "'input' must not be empty.")
-    if all(isinstance(x, int) for x in raw):
-        return [_token_ids("input", raw)]
-    inputs: list[str | list[int]] = []
-    for i, item in enumerate(raw):
-        if isinstance(item, int) or type(item) is not type(raw[0]):
-            raise invalid("input", "'input' mixes texts and token ids.")
+    return _texts_or_ids("input", req.input, None)
+
+
+def _texts_or_ids(
+    param: str, given: str | list[str | int | list[int]], max_items: int | None
+) -> list[str | list[int]]:
+    """One text or token-id list, or a list of them (not mixed)."""
+    items = [given] if isinstance(given, str) else given
+    if not items:
+        raise invalid(param, f"'{param}' must not be empty.")
+    if all(isinstance(x, int) for x in items):
+        return [checked_token_ids(param, items)]
+    if max_items is not None and len(items) > max_items:
+        raise invalid(param, f"At most {max_items} items are allowed in '{param}'.")
+    out: list[str | list[int]] = []
+    for i, item in enumerate(items):
+        where = param if isinstance(given, str) else f"{param}[{i}]"
+        if isinstance(item, int) or type(item) is not type(items[0]):
+            raise invalid(param, f"'{param}' mixes texts and token ids.")
         if not item:
-            raise invalid(f"input[{i}]", f"'input[{i}]' must not be empty.")
-        inputs.append(item if isinstance(item, str) else _token_ids(f"input[{i}]", item))
-    return inputs
+            raise invalid(where, f"'{where}' must not be empty.")
+        out.append(item if isinstance(item, str) else checked_token_ids(where, item))
+    return out
 
 
-def _token_ids(param: str, ids: Sequence[object]) -> list[int]:
+def checked_token_ids(param: str, ids: Sequence[object]) -> list[int]:
     checked = [i for i in ids if isinstance(i, int) and i >= 0]
     if not checked or len(checked) != len(ids):
         raise invalid(param, f"'{param}' must hold non-negative token ids.")

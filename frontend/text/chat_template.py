@@ -175,6 +175,7 @@ class ChatTemplate:
         fuel: int = DEFAULT_FUEL,
         tool_use_source: str | None = None,
     ) -> None:
+        self.source = source
         # transformers renders with trim_blocks, lstrip_blocks and no trailing newline
         self._env = minijinja.Environment(
             trim_blocks=True,

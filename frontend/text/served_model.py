@@ -18,28 +18,36 @@ LONG_TEXT_CHARS: Final = (
 
 
 class ServedModel:
-    """What requests name and what their text becomes: the served id, tokens, chat prompt."""
+    """What requests name and what their text becomes: the served ids, tokens, chat prompt."""
 
-    def __init__(self, model_id: str, tokenizer: Tokenizer, template: ChatTemplate) -> None:
-        self.model_id = model_id
+    def __init__(
+        self, model_ids: str | tuple[str, ...], tokenizer: Tokenizer, template: ChatTemplate
+    ) -> None:
+        self.model_ids = (model_ids,) if isinstance(model_ids, str) else model_ids
+        self.model_id = self.model_ids[0]  # the canonical id: what responses carry
         self.tokenizer = tokenizer
         self.template = template
-        self.created = int(time.time())  # unix seconds: the `created` of its /v1/models entry
+        self.created = int(time.time())  # unix seconds: the `created` of its /v1/models entries
 
     @classmethod
-    def load(cls, path: Path, model_id: str) -> ServedModel:
-        """Read the model's metadata: tokenizer and chat template (DEFAULT_TEMPLATE if it has none)."""
+    def load(
+        cls, path: Path, model_ids: str | tuple[str, ...], chat_template: str = ""
+    ) -> ServedModel:
+        """Read the model's metadata: tokenizer and chat template (`chat_template` if given, a
+        file or the template itself; else the model's own; else DEFAULT_TEMPLATE)."""
         metadata = read_tokenizer_metadata(path)
+        override = template_source(chat_template)
         template = ChatTemplate(
-            metadata.chat_template or DEFAULT_TEMPLATE,
+            override or metadata.chat_template or DEFAULT_TEMPLATE,
             metadata.bos_token,
             metadata.eos_token,
-            tool_use_source=metadata.tool_use_template,
+            # an override is the whole template: the model's tool_use one goes with the model's
+            tool_use_source=None if override else metadata.tool_use_template,
         )
-        return cls(model_id, Tokenizer(metadata), template)
+        return cls(model_ids, Tokenizer(metadata), template)
 
     def check(self, requested: str) -> None:
-        if requested != self.model_id:
+        if requested not in self.model_ids:
             raise ServingError(
                 ErrorCode.MODEL_NOT_FOUND,
                 f"The model '{requested}' does not exist; this server serves '{self.model_id}'.",
@@ -54,3 +62,14 @@ class ServedModel:
     def decode(self, ids: list[int]) -> str:
         """Generated text: special tokens (EOS, turn markers) are not part of it."""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def decode_special(self, ids: list[int]) -> str:
+        """Text with the special tokens written out (skip_special_tokens: false, prompts)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def template_source(setting: str) -> str:
+    """runtime.toml's chat_template: the template itself (it holds a Jinja tag), else a file."""
+    if not setting or "{{" in setting or "{%" in setting:
+        return setting
+    return Path(setting).expanduser().read_text()

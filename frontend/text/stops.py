@@ -4,15 +4,17 @@ from __future__ import annotations
 
 
 class StopMatcher:
-    """Cuts a text stream at its first stop string, never sending any part of one.
+    """Cuts a text stream at its first stop string, never sending any part of one (or, with
+    `include`, sending it whole and nothing after it).
 
     "First" means the occurrence that completes first as the text grows (on a tie, the
     one that starts earlier): generation would have ended there, whatever the chunking.
     """
 
-    __slots__ = ("_held", "_max_hold", "_stopped", "_stops")
+    __slots__ = ("_held", "_include", "_max_hold", "_stopped", "_stops")
 
-    def __init__(self, stops: list[str]) -> None:
+    def __init__(self, stops: list[str], include: bool = False) -> None:
+        self._include = include
         # An empty stop string would match before any text: ignore it.
         self._stops = [s for s in dict.fromkeys(stops) if s]
         self._max_hold = max((len(s) - 1 for s in self._stops), default=0)
@@ -32,7 +34,7 @@ class StopMatcher:
         if cut is not None:
             self._stopped = True
             self._held = ""
-            return pending[:cut]
+            return pending[: cut[1] if self._include else cut[0]]
         keep = self._holdback(pending)
         self._held = pending[len(pending) - keep :]
         return pending[: len(pending) - keep]
@@ -42,8 +44,8 @@ class StopMatcher:
         held, self._held = self._held, ""
         return "" if self._stopped else held
 
-    def _first_stop(self, pending: str) -> int | None:
-        """Start of the stop occurrence in `pending` that ends first, or None."""
+    def _first_stop(self, pending: str) -> tuple[int, int] | None:
+        """(start, end) of the stop occurrence in `pending` that ends first, or None."""
         best: tuple[int, int] | None = None  # (end, start)
         for stop in self._stops:
             start = pending.find(stop)
@@ -51,7 +53,7 @@ class StopMatcher:
                 candidate = (start + len(stop), start)
                 if best is None or candidate < best:
                     best = candidate
-        return None if best is None else best[1]
+        return None if best is None else (best[1], best[0])
 
     def _holdback(self, pending: str) -> int:
         """Length of the longest suffix of `pending` that is a proper prefix of a stop."""

@@ -15,6 +15,7 @@ from tests.conftest import TinyModels
 from tests.fixtures.live_server import LiveServer, default_engine, live_server, post, request
 
 pytestmark = pytest.mark.integration
+NOTHING_CACHED = {"prompt_tokens_details": {"cached_tokens": 0}}  # always written
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -59,7 +60,12 @@ async def test_hand_example_chat_completion(succ: LiveServer) -> None:
             "finish_reason": "length",  # cut by max_tokens: never "stop"
         }
     ]
-    assert doc["usage"] == {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
+    assert doc["usage"] == {
+        "prompt_tokens": 1,
+        "completion_tokens": 3,
+        "total_tokens": 4,
+        **NOTHING_CACHED,
+    }
     # another id per request; max_completion_tokens is the newer name of max_tokens
     newer = {k: v for k, v in HAND.items() if k != "max_tokens"} | {"max_completion_tokens": 3}
     again = (await post(succ.api + CHAT, newer)).doc
@@ -87,7 +93,12 @@ async def test_stream_framing_role_first_then_done(succ: LiveServer) -> None:
     for chunk, text, finish in zip(chunks[1:4], "bcd", [None, None, "length"], strict=True):
         assert chunk["choices"] == [choice | {"delta": {"content": text}, "finish_reason": finish}]
     assert chunks[4]["choices"] == []
-    assert chunks[4]["usage"] == {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
+    assert chunks[4]["usage"] == {
+        "prompt_tokens": 1,
+        "completion_tokens": 3,
+        "total_tokens": 4,
+        **NOTHING_CACHED,
+    }
     assert all(c.get("usage") is None for c in chunks[:4])
     # without include_usage: no usage chunk, still [DONE] last
     plain = raw_events((await post(succ.api + CHAT, HAND | {"stream": True})).body)
@@ -120,7 +131,12 @@ async def test_stop_strings_end_generation_across_tokens(succ: LiveServer) -> No
             assert chunks[-1]["choices"][0]["delta"] == {}
     # the generated tokens b, c, d, e are all counted, the stop string's too
     doc = (await post(succ.api + CHAT, HAND | {"stop": ["de"], "max_tokens": 10})).doc
-    assert doc["usage"] == {"prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5}
+    assert doc["usage"] == {
+        "prompt_tokens": 1,
+        "completion_tokens": 4,
+        "total_tokens": 5,
+        **NOTHING_CACHED,
+    }
     completion = {"model": "succ", "prompt": "a", "stop": ["de"], "max_tokens": 10}
     doc = (await post(succ.api + COMPLETIONS, completion)).doc
     assert (doc["choices"][0]["text"], doc["choices"][0]["finish_reason"]) == ("bc", "stop")
@@ -151,9 +167,8 @@ BAD: list[tuple[str, str, Any, dict[str, str], int, str, str | None]] = [
      "context_length_exceeded", "prompt"),
     ("POST", CHAT, HAND, {"X-TL-Priority": "high"}, 400, "invalid_value", "X-TL-Priority"),
     ("POST", CHAT, HAND, {"X-TL-Priority": "101"}, 400, "invalid_value", "X-TL-Priority"),
-    ("POST", CHAT, chat(n=2), {}, 422, "unsupported_parameter", "n"),
-    ("POST", COMPLETIONS, {"model": "succ", "prompt": "a", "echo": True}, {}, 422,
-     "unsupported_parameter", "echo"),
+    ("POST", CHAT, chat(n=129), {}, 400, "invalid_value", "n"),
+    ("POST", CHAT, chat(echo=True), {}, 422, "unsupported_parameter", "echo"),
     ("POST", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url",
      "image_url": {"url": "x"}}]}]), {}, 422, "unsupported_parameter", "messages[0].content"),
     ("POST", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), {}, 422,
@@ -183,9 +198,11 @@ async def test_errors_use_the_openai_shape(succ: LiveServer) -> None:
         if reply.status != status or got != want or not reply.headers.get("X-Request-Id"):
             wrong.append((method, path, str(body)[:60], headers, reply.status, got))
     assert not wrong, "\n".join(map(str, wrong))
-    # unknown fields are ignored; n = 1 is served
-    doc = (await post(succ.api + CHAT, chat(frobnicate=1, user="u", n=1))).doc
-    assert doc["choices"][0]["message"]["content"] == "bcd"
+    # unknown fields are ignored; n choices and echo are served
+    doc = (await post(succ.api + CHAT, chat(frobnicate=1, user="u", n=2))).doc
+    assert [c["message"]["content"] for c in doc["choices"]] == ["bcd", "bcd"]
+    body = {"model": "succ", "prompt": "a", "echo": True, "max_tokens": 2}
+    assert (await post(succ.api + COMPLETIONS, body)).doc["choices"][0]["text"] == "abc"
 
 
 async def test_completions_endpoint_and_usage(succ: LiveServer) -> None:
@@ -199,7 +216,12 @@ async def test_completions_endpoint_and_usage(succ: LiveServer) -> None:
     assert doc["choices"] == [
         {"index": 0, "text": default, "logprobs": None, "finish_reason": "length"}
     ]
-    assert doc["usage"] == {"prompt_tokens": 1, "completion_tokens": 16, "total_tokens": 17}
+    assert doc["usage"] == {
+        "prompt_tokens": 1,
+        "completion_tokens": 16,
+        "total_tokens": 17,
+        **NOTHING_CACHED,
+    }
     # a prompt of token ids; max_tokens; streamed chunks concatenate to the same text
     doc = (
         await post(succ.api + COMPLETIONS, {"model": "succ", "prompt": [120], "max_tokens": 3})
@@ -232,7 +254,8 @@ async def test_tokenize_models_health_and_request_id(succ: LiveServer) -> None:
     models = (await request("GET", succ.api + "/v1/models")).doc
     assert models["object"] == "list"
     [entry] = models["data"]
-    assert set(entry) == {"id", "object", "created", "owned_by"}
+    assert set(entry) == {"id", "object", "created", "owned_by", "max_model_len"}
+    assert entry["max_model_len"] == 1024
     assert (entry["id"], entry["object"]) == ("succ", "model")
     assert isinstance(entry["created"], int) and entry["owned_by"]
     assert (await request("GET", succ.api + "/v1/models/succ")).doc == entry

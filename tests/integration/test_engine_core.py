@@ -150,7 +150,7 @@ def test_bad_requests_are_rejected_and_the_core_keeps_serving(
         "too-big-id": ([1, 2, 260], greedy(4), RejectReason.INVALID),
         "negative-id": ([1, -1], greedy(4), RejectReason.INVALID),
         "empty": ([], greedy(4), RejectReason.INVALID),
-        "no-tokens": ([1, 2], SamplingParams(max_tokens=0), RejectReason.INVALID),
+        "no-tokens": ([1, 2], SamplingParams(max_tokens=-1), RejectReason.INVALID),  # 0 scores
         "too-long": ([1] * 1000, greedy(25), RejectReason.CONTEXT_LENGTH_EXCEEDED),
         # sampling params the frontend should have refused; min_p > 1 used to crash the loop
         "min-p": ([1, 2], SamplingParams(max_tokens=4, min_p=1.5), RejectReason.INVALID),

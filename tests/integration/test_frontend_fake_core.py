@@ -11,6 +11,7 @@ from tests.conftest import TinyModels
 from tests.fixtures.frontend_harness import eventually, serving, sse_data, sse_events
 
 pytestmark = pytest.mark.integration
+NOTHING_CACHED = {"prompt_tokens_details": {"cached_tokens": 0}}  # always written
 
 
 def chat(content: str, **extra: Any) -> dict[str, Any]:
@@ -47,7 +48,12 @@ async def test_hand_example_chat_completion(tiny: TinyModels) -> None:
                     "finish_reason": "length",
                 }
             ],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4},
+            "usage": {
+                "prompt_tokens": 1,
+                "completion_tokens": 3,
+                "total_tokens": 4,
+                **NOTHING_CACHED,
+            },
         }
         [submit] = s.core.submitted()
         assert submit.prompt_ids == [97]
@@ -73,7 +79,12 @@ async def test_chat_stream_framing(tiny: TinyModels) -> None:
     assert deltas == [{"content": "b"}, {"content": "c"}, {"content": "d"}]
     assert [x["choices"][0]["finish_reason"] for x in (b, c, d)] == [None, None, "length"]
     assert usage["choices"] == []
-    assert usage["usage"] == {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
+    assert usage["usage"] == {
+        "prompt_tokens": 1,
+        "completion_tokens": 3,
+        "total_tokens": 4,
+        **NOTHING_CACHED,
+    }
 
 
 async def test_stream_without_include_usage_has_no_usage_chunk(tiny: TinyModels) -> None:
@@ -101,7 +112,12 @@ async def test_completions_default_max_tokens_and_usage(tiny: TinyModels) -> Non
     assert doc["choices"] == [
         {"index": 0, "text": "bcdefghijklmnopq", "logprobs": None, "finish_reason": "length"}
     ]
-    assert doc["usage"] == {"prompt_tokens": 1, "completion_tokens": 16, "total_tokens": 17}
+    assert doc["usage"] == {
+        "prompt_tokens": 1,
+        "completion_tokens": 16,
+        "total_tokens": 17,
+        **NOTHING_CACHED,
+    }
 
 
 async def test_completions_stream_has_no_role_chunk(tiny: TinyModels) -> None:
@@ -127,7 +143,7 @@ async def test_stop_string_across_tokens_ends_generation(tiny: TinyModels, strea
             chunks = sse_data(doc)[1:-1]
             content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
             finish = chunks[-1]["choices"][0]["finish_reason"]
-            rid = chunks[0]["id"]
+            rid = chunks[0]["id"].removeprefix("chatcmpl-")  # the core's id of the request
             # d was held back (a prefix of "de"), then dropped with the stop string
             assert [c["choices"][0]["delta"] for c in chunks] == [
                 {"content": "b"},
@@ -139,7 +155,7 @@ async def test_stop_string_across_tokens_ends_generation(tiny: TinyModels, strea
                 doc["choices"][0]["message"]["content"],
                 doc["choices"][0]["finish_reason"],
             )
-            rid = doc["id"]
+            rid = doc["id"].removeprefix("chatcmpl-")
             assert doc["usage"]["completion_tokens"] == 4  # b c d e: every generated token
         assert (content, finish) == ("bc", "stop")
         # the core was still generating: it is told to stop
@@ -167,7 +183,12 @@ async def test_eos_finishes_with_stop_and_counts(tiny: TinyModels, stream: bool)
     else:
         assert doc["choices"][0]["message"]["content"] == "yz"
         assert doc["choices"][0]["finish_reason"] == "stop"
-        assert doc["usage"] == {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
+        assert doc["usage"] == {
+            "prompt_tokens": 1,
+            "completion_tokens": 3,
+            "total_tokens": 4,
+            **NOTHING_CACHED,
+        }
 
 
 async def test_chat_default_max_tokens_is_the_rest_of_the_context(tiny: TinyModels) -> None:

@@ -14,7 +14,14 @@ import pytest
 
 from frontend.server import Server
 from tests.conftest import TinyModels
-from tests.fixtures.frontend_harness import engine_config, eventually, free_port, serving, sse_data
+from tests.fixtures.frontend_harness import (
+    Serving,
+    engine_config,
+    eventually,
+    free_port,
+    serving,
+    sse_data,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -31,12 +38,22 @@ async def readyz(health: str) -> int:
         return r.status
 
 
+async def probes(s: Serving) -> list[int]:
+    """The statuses of /readyz on the health port and of vLLM's probes on the API port."""
+    async with aiohttp.ClientSession() as session:
+        out = [await readyz(s.health)]
+        for method, path in (("GET", "/health"), ("GET", "/ping"), ("POST", "/ping")):
+            async with session.request(method, s.api + path) as r:
+                out.append(r.status)
+    return out
+
+
 async def test_stream_disconnect_aborts_in_the_core(tiny: TinyModels) -> None:
     async with serving(tiny.succ, core={"step_delay_s": 0.05}) as s:
         session = aiohttp.ClientSession()
         resp = await session.post(s.api + CHAT, json=chat(max_tokens=500, stream=True))
         first = await resp.content.readuntil(b"\n\n")
-        rid = sse_data(first.decode())[0]["id"]
+        rid = sse_data(first.decode())[0]["id"].removeprefix("chatcmpl-")
         await resp.content.readuntil(b"\n\n")
         resp.close()  # the client goes away mid-stream
         await session.close()
@@ -79,6 +96,7 @@ async def test_drain_finishes_in_flight_and_refuses_new(tiny: TinyModels) -> Non
         async with kept.post(s.api + CHAT, json=chat(max_tokens=2)) as r:
             assert r.status == 503
             assert (await r.json())["error"]["code"] == "shutting_down"
+            assert r.headers["Retry-After"] == "1"  # another replica may serve it
         assert not drain.done()  # the stream is still in flight
         events = sse_data(await stream.text())
         assert events[-1] == "[DONE]"
@@ -103,10 +121,10 @@ async def test_hung_core_fails_requests_then_recovers(tiny: TinyModels) -> None:
         resp = await plain
         assert resp.status == 503
         assert (await resp.json())["error"]["code"] == "engine_unavailable"
-        assert await readyz(s.health) == 503
+        assert await probes(s) == [503] * 4  # the engine does not work
         s.core.silent = False  # it wakes up and finds the new connection's Hello
         await eventually(lambda: s.server.services.core.ready)
-        assert await readyz(s.health) == 200
+        assert await probes(s) == [200] * 4
         async with session.post(s.api + CHAT, json=chat(max_tokens=2)) as r:
             assert (await r.json())["choices"][0]["message"]["content"] == "bc"
         await session.close()

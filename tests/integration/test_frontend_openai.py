@@ -96,8 +96,52 @@ async def test_errors_reach_the_client(live: tuple[Serving, openai.AsyncOpenAI])
         await client.chat.completions.create(model="succ", messages=MESSAGES, temperature=5)
     assert (bad.value.code, bad.value.param) == ("invalid_value", "temperature")
     with pytest.raises(openai.UnprocessableEntityError):
-        await client.chat.completions.create(model="succ", messages=MESSAGES, n=2)
+        await client.chat.completions.create(
+            model="succ", messages=MESSAGES, extra_body={"echo": True}
+        )
     s.core.reject = RejectReason.QUEUE_FULL
     with pytest.raises(openai.RateLimitError) as limited:
         await client.chat.completions.create(model="succ", messages=MESSAGES, stream=True)
     assert limited.value.response.headers["Retry-After"] == "1"
+
+
+async def test_what_the_core_is_sent(live: tuple[Serving, openai.AsyncOpenAI]) -> None:
+    s, client = live
+    await client.chat.completions.create(
+        model="succ",
+        messages=MESSAGES,
+        max_tokens=2,
+        n=3,
+        extra_body={"priority": 5, "cache_salt": "t1", "min_tokens": 1},
+        extra_headers={"X-Request-Id": "req-7"},
+    )
+    [submit] = s.core.submitted()
+    assert (submit.rid, submit.n, submit.cache_salt) == ("req-7", 3, "t1")
+    assert submit.priority == -5  # vLLM's priority: lower first; the core's: higher first
+    assert submit.params.min_tokens == 1
+    await client.chat.completions.create(
+        model="succ",
+        messages=MESSAGES,
+        max_tokens=2,
+        extra_body={"priority": 5},
+        extra_headers={"X-TL-Priority": "9"},
+    )
+    assert s.core.submitted()[-1].priority == 9  # the header wins
+    reply = await client.completions.create(
+        model="succ", prompt=["a", "k"], max_tokens=2, extra_headers={"X-Request-Id": "many"}
+    )
+    assert [m.rid for m in s.core.submitted()[-2:]] == ["many", "many-1"]
+    assert [(c.index, c.text) for c in reply.choices] == [(0, "bc"), (1, "lm")]
+
+
+async def test_unknown_fields_are_warned_about_once(
+    live: tuple[Serving, openai.AsyncOpenAI], caplog: pytest.LogCaptureFixture
+) -> None:
+    _, client = live
+    for value in (1, 2):
+        reply = await client.chat.completions.create(
+            model="succ", messages=MESSAGES, max_tokens=1, extra_body={"frobnicate": value}
+        )
+        assert reply.choices[0].message.content == "b"  # ignored
+    warned = [r for r in caplog.records if "frobnicate" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelname == "WARNING"

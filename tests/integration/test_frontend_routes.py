@@ -38,6 +38,7 @@ async def test_models(tiny: TinyModels) -> None:
             "object": "model",
             "created": entry["created"],
             "owned_by": "tl-serve",
+            "max_model_len": 1024,  # the (fake) core's
         }
         assert isinstance(entry["created"], int)
         assert await fetch("GET", s.api + "/v1/models/succ") == (200, entry, "application/json")

@@ -170,7 +170,7 @@ async def test_full_queue_429_and_retry_after_pass_through(
         for body in (chat(max_tokens=3), chat(max_tokens=3, stream=True)):
             refused = await post(gateway + CHAT, body)
             assert refused.status == 429, refused.body
-            assert refused.headers["Retry-After"] == "1"
+            assert 1 <= int(refused.headers["Retry-After"]) <= 60  # the core's estimate
             assert refused.headers["Content-Type"].startswith("application/json")
             assert refused.doc == {
                 "error": {

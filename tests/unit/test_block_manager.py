@@ -46,6 +46,54 @@ def test_partial_tail_is_never_shared_and_one_token_is_left_to_compute() -> None
     bm.check_integrity()
 
 
+def test_a_fork_shares_published_blocks_and_copies_the_rest() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4, prefix_cache=True)
+    parent = run(bm, "p", list(range(10)))  # blocks 0-1 published, block 2 holds 8, 9
+    copies = bm.fork("p", "c", 10)  # the KV of positions 0..9, room for position 10
+    assert copies is not None
+    child = bm.table("c")
+    assert child[:2] == parent[:2] and bm.cache.ref_count(parent[0]) == 2
+    assert copies == [(parent[2], child[2])] and len(child) == 3
+    bm.check_integrity()
+    # a fork ending on a block boundary copies nothing: its next position opens a new block
+    assert bm.fork("p", "c2", 8) == [] and len(bm.table("c2")) == 3
+    # the block of the child's next position is never shared, even when published
+    copies = bm.fork("p", "c3", 7)
+    assert copies == [(parent[1], bm.table("c3")[1])]
+    bm.check_integrity()
+    for rid in ("c", "c2", "c3", "p"):
+        bm.free(rid, [])
+    assert bm.num_used == 0
+    bm.check_integrity()
+
+
+def test_a_fork_without_a_prefix_cache_copies_everything_and_may_find_no_room() -> None:
+    bm = BlockManager(num_blocks=6, block_size=4, prefix_cache=False)
+    parent = run(bm, "p", list(range(10)))
+    copies = bm.fork("p", "c", 10)
+    assert copies is not None and [src for src, _ in copies] == parent
+    assert bm.fork("p", "d", 10) is None  # no block left, 3 needed: nothing changes
+    assert not bm.has("d")
+    bm.check_integrity()
+
+
+def test_cache_salts_keep_prefixes_apart_and_scoring_skips_the_cache() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4, prefix_cache=True)
+    tokens = list(range(9))
+    for rid, salt in (("a", "s1"), ("b", "")):
+        assert bm.allocate(rid, tokens, salt=salt) == 0
+        bm.cache_full_blocks(rid, tokens)
+    assert bm.allocate("c", tokens, salt="s1") == 8
+    assert bm.allocate("d", tokens, salt="s2") == 0
+    assert bm.allocate("e", tokens, match_prefix=False) == 0
+    bm.check_integrity()
+    for rid in "abcde":
+        bm.free(rid, [])
+    assert bm.allocate("f", list(range(100, 164))) is not None  # all 16 blocks: no cache left
+    assert bm.cache.match(tokens, salt="s1").num_tokens == 0
+    bm.check_integrity()  # the emptied salted tree is gone
+
+
 def test_lru_cached_blocks_are_evicted_first_and_counted() -> None:
     bm = BlockManager(num_blocks=4, block_size=2, prefix_cache=True)
     old, new = [1, 1, 1, 1], [2, 2, 2, 2]

@@ -93,3 +93,28 @@ def test_core_address_defaults_to_an_ipc_socket_named_by_the_port() -> None:
     cfg = load(None, {"TL_ENGINE__HTTP_LISTEN": ":8123"}).engine
     assert cfg.resolved_core_address.startswith("ipc://")
     assert cfg.resolved_core_address == f"ipc://{runtime_dir() / 'core-8123.sock'}"
+
+
+def test_the_readme_table_names_every_key() -> None:
+    section = (ROOT / "README.md").read_text().split("\n## Configuration\n", 1)[1]
+    table = section.split("\n## ", 1)[0]
+    named = {
+        key
+        for row in table.splitlines()
+        if row.startswith("| `")
+        for key in row.split("|")[1].replace("`", "").replace(",", " ").split()
+    }
+    assert named == set(EngineConfig.__struct_fields__)
+
+
+def test_served_model_names_and_chat_template() -> None:
+    cfg = load(None, {"TL_ENGINE__SERVED_MODEL_NAME": '["a", "org/b"]'}).engine
+    assert (cfg.served_model_id, cfg.served_model_ids) == ("a", ("a", "org/b"))
+    assert load(None, {"TL_ENGINE__MODEL_ID": "m"}).engine.served_model_ids == ("m",)
+    for env in (
+        {"TL_ENGINE__SERVED_MODEL_NAME": '["a"]', "TL_ENGINE__MODEL_ID": "m"},
+        {"TL_ENGINE__SERVED_MODEL_NAME": '["a", "a"]'},
+        {"TL_ENGINE__SSE_PING_INTERVAL_S": "0"},
+    ):
+        with pytest.raises(ConfigError):
+            load(None, env)

@@ -133,3 +133,28 @@ def test_text_stream_byte_by_byte_by_hand() -> None:
     # EOS is counted but is not text
     assert (stream.push(EOS, FinishReason.STOP), stream.generation.finish_reason) == ("", "stop")
     assert stream.generation.num_tokens == 3
+
+
+def texts(g: Generation, *events: TokenEvent) -> list[str]:
+    return [g.push(e).text for e in events]
+
+
+def test_the_stop_token_is_not_text_unless_asked_for() -> None:
+    stopped = [event([ord("b")]), event([ord("c")], FinishReason.STOP)]  # "c": a stop token
+    assert texts(Generation(decode, [97], []), *stopped) == ["b", ""]
+    assert texts(Generation(decode, [97], [], include_stop=True), *stopped) == ["b", "c"]
+
+
+def test_include_stop_keeps_the_stop_string_and_nothing_after() -> None:
+    g = Generation(decode, [97], ["cd"], include_stop=True)
+    assert texts(g, event(list(b"bc")), event(list(b"def"))) == ["b", "cd"]
+    assert g.finish_reason == "stop" and g.stopped_by_string
+
+
+def test_stop_strings_count_only_after_min_tokens() -> None:
+    g = Generation(decode, [97], ["b"], min_tokens=3)
+    # "b" in the first three tokens is text; one after them stops the generation
+    assert texts(g, event(list(b"ab")), event(list(b"cab"))) == ["ab", "ca"]
+    assert g.finish_reason == "stop"
+    g = Generation(decode, [97], ["xy"], min_tokens=2)
+    assert texts(g, event([ord("x")]), event([ord("y")]), event(list(b"xy"))) == ["x", "y", ""]

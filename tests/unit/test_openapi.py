@@ -34,7 +34,13 @@ METHODS = {"get", "post", "put", "delete", "patch", "head", "options"}
 ERROR_STATUSES = {"400", "401", "404", "413", "422", "429", "503"}
 HEAD = docs.Head(id="chatcmpl-x", created=1700000000, model="m")
 TEXT_HEAD = docs.Head(id="cmpl-x", created=1700000000, model="m")
-LOGPROBS = [TokenLogprob(token_id=97, logprob=-0.5, top=[TopLogprob(token_id=98, logprob=-1.0)])]
+LOGPROBS = [
+    TokenLogprob(token_id=97, logprob=-0.5, top=[TopLogprob(token_id=98, logprob=-1.0)], rank=2)
+]
+
+
+def BYTES(token_id: int) -> bytes:  # noqa: N802 - a constant-like helper
+    return bytes([token_id])
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +102,7 @@ async def apps(tiny: TinyModels) -> AsyncIterator[tuple[web.Application, web.App
         model_dir=str(tiny.hf), spawn_core=False, core_address="tcp://127.0.0.1:1"
     )
     core = CoreClient(config.resolved_core_address)
-    model = ServedModel.load(config.model_path, config.served_model_id)
+    model = ServedModel.load(config.model_path, config.served_model_ids)
     services = Services(config, model, core, DrainGate(), Metrics(), None)
     yield make_api_app(services), make_health_app(services)
     await core.close()
@@ -107,7 +113,7 @@ def test_the_document_is_valid_openapi_3_1(doc: dict[str, Any]) -> None:
     schema = schemathesis.openapi.from_dict(doc)
     schema.validate()
     labels = {result.ok().label for result in schema.get_all_operations()}
-    assert len(labels) == 9
+    assert len(labels) == 16
 
 
 def test_servers_are_the_default_listen_ports(doc: dict[str, Any]) -> None:
@@ -138,6 +144,7 @@ async def test_routes_are_the_route_tables(
         (types.CompletionRequest, "CompletionRequest"),
         (types.EmbeddingRequest, "EmbeddingRequest"),
         (types.TokenizeRequest, "TokenizeRequest"),
+        (types.DetokenizeRequest, "DetokenizeRequest"),
         (types.ChatMessage, "ChatMessage"),
         (types.TextPart, "TextPart"),
         (types.StreamOptions, "StreamOptions"),
@@ -148,6 +155,7 @@ async def test_routes_are_the_route_tables(
         (docs.ModelList, "ModelList"),
         (docs.ModelEntry, "Model"),
         (docs.TokenizeResponse, "TokenizeResponse"),
+        (docs.DetokenizeResponse, "DetokenizeResponse"),
         (docs.Usage, "Usage"),
     ],
 )
@@ -163,6 +171,7 @@ def test_required_request_fields(doc: dict[str, Any]) -> None:
         ("CompletionRequest", types.CompletionRequest),
         ("EmbeddingRequest", types.EmbeddingRequest),
         ("TokenizeRequest", types.TokenizeRequest),
+        ("DetokenizeRequest", types.DetokenizeRequest),
     ):
         schema = schema_of(doc, component)
         parts = [schema, *schema.get("allOf", [])]
@@ -224,38 +233,68 @@ def test_api_operations_document_the_pinned_error_statuses(doc: dict[str, Any]) 
 @pytest.mark.parametrize(
     ("component", "document"),
     [
-        ("ChatCompletion", docs.chat_completion(HEAD, "hi", "stop", docs.usage(3, 1, 2))),
+        (
+            "ChatCompletion",
+            docs.chat_completion(HEAD, [docs.chat_choice(0, "hi", "stop")], docs.usage(3, 1, 2)),
+        ),
         (
             "ChatCompletion",
             docs.chat_completion(
                 HEAD,
-                "a",
-                "length",
-                docs.usage(3, 1),
-                docs.chat_logprobs(LOGPROBS, lambda i: bytes([i])),
+                [
+                    docs.chat_choice(0, "a", "length", docs.chat_logprobs(LOGPROBS, BYTES)),
+                    docs.chat_choice(1, "b", "stop", docs.chat_logprobs(LOGPROBS, BYTES)),
+                ],
+                docs.usage(3, 2),
+                docs.prompt_logprobs(LOGPROBS, BYTES, 1),
             ),
         ),
-        ("ChatCompletionChunk", docs.chat_role_chunk(HEAD)),
+        ("ChatCompletionChunk", docs.chat_role_chunk(HEAD, 1)),
         ("ChatCompletionChunk", docs.chat_chunk(HEAD, "x")),
+        ("ChatCompletionChunk", docs.chat_chunk(HEAD, "x", index=2, usage=docs.usage(1, 1))),
         ("ChatCompletionChunk", docs.chat_chunk(HEAD, None, "stop")),
         ("ChatCompletionChunk", docs.chat_usage_chunk(HEAD, docs.usage(1, 2))),
-        ("TextCompletion", docs.text_completion(TEXT_HEAD, "x", "length", docs.usage(1, 1))),
-        ("TextCompletion", docs.text_completion(TEXT_HEAD, "x", None)),
+        (
+            "TextCompletion",
+            docs.text_completion(
+                TEXT_HEAD, [docs.text_choice(0, "x", "length"), docs.text_choice(1, "y", "stop")]
+            ),
+        ),
+        ("TextCompletion", docs.text_completion(TEXT_HEAD, [docs.text_choice(0, "x", None)])),
         (
             "TextCompletion",
             docs.text_completion(
                 TEXT_HEAD,
-                "a",
-                "stop",
-                None,
-                docs.completion_logprobs(LOGPROBS, lambda i: bytes([i])),
+                [
+                    docs.text_choice(
+                        0,
+                        "a",
+                        "stop",
+                        docs.completion_logprobs(LOGPROBS, BYTES, first_token=5, top_n=1),
+                        docs.prompt_logprobs(LOGPROBS, BYTES, 0),
+                    )
+                ],
+                docs.usage(1, 1),
             ),
         ),
         ("TextCompletion", docs.text_usage_chunk(TEXT_HEAD, docs.usage(1, 1))),
         ("EmbeddingList", docs.embedding_list("m", [[0.6, 0.8]], None, 2)),
         ("EmbeddingList", docs.embedding_list("m", [[0.6, 0.8], [1.0, 0.0]], "base64", 3)),
-        ("ModelList", docs.model_list([docs.ModelEntry(id="m", created=1, owned_by="tl-serve")])),
+        (
+            "ModelList",
+            docs.model_list(
+                [
+                    docs.ModelEntry(id=i, created=1, owned_by="tl-serve", max_model_len=8)
+                    for i in "ab"
+                ]
+            ),
+        ),
         ("TokenizeResponse", docs.TokenizeResponse(tokens=[1, 2], count=2, max_model_len=8)),
+        (
+            "TokenizeResponse",
+            docs.TokenizeResponse(tokens=[1], count=1, max_model_len=8, token_strs=["a"]),
+        ),
+        ("DetokenizeResponse", docs.DetokenizeResponse(prompt="ab")),
     ],
 )
 def test_written_documents_match_their_schemas(
@@ -277,8 +316,15 @@ def test_schemas_refuse_what_the_server_refuses(doc: dict[str, Any]) -> None:
         {"top_p": 0},
         {"max_tokens": 0},
         {"stop": ["a", "b", "c", "d", "e"]},
-        {"n": 2},
+        {"n": 129},
         {"echo": True},
+        {"logit_bias": {"x": 1}},
+        {"logit_bias": {"1": 101}},
+        {"min_tokens": -1},
+        {"priority": 101},
+        {"cache_salt": ""},
+        {"prompt_logprobs": 1, "stream": True},
+        {"chat_template_kwargs": {"tools": []}},
         {"tools": []},
         {"top_logprobs": 2},
         {"messages": []},
@@ -292,5 +338,8 @@ def test_schemas_refuse_what_the_server_refuses(doc: dict[str, Any]) -> None:
     assert not tokenize.is_valid({"model": "m", "prompt": "a", "messages": ok["messages"]})
     completion = validator(doc, "CompletionRequest")
     assert completion.is_valid({"model": "m", "prompt": [[1, 2]]})
-    assert not completion.is_valid({"model": "m", "prompt": ["a", "b"]})
+    assert completion.is_valid({"model": "m", "prompt": ["a", "b"], "n": 3})
+    assert completion.is_valid({"model": "m", "prompt": "a", "echo": True, "max_tokens": 0})
+    assert not completion.is_valid({"model": "m", "prompt": "a", "max_tokens": 0})
     assert not completion.is_valid({"model": "m", "prompt": ""})
+    assert not completion.is_valid({"model": "m", "prompt": ["a", ""]})

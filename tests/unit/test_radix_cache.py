@@ -41,6 +41,20 @@ def test_insert_keeps_existing_blocks_and_branches() -> None:
     cache.check_integrity()
 
 
+def test_each_salt_has_its_own_tree_while_it_holds_blocks() -> None:
+    cache = RadixCache(block_size=2)
+    assert cache.insert([1, 2, 3, 4], [10, 11], salt="a") == [10, 11]
+    assert cache.insert([1, 2, 3, 4], [20, 21]) == [20, 21]  # not a duplicate: another tree
+    assert cache.match([1, 2, 3, 4], salt="a") == MatchResult([10, 11], 4)
+    assert cache.match([1, 2, 3, 4]) == MatchResult([20, 21], 4)
+    assert cache.match([1, 2, 3, 4], salt="b") == MatchResult([], 0)
+    cache.check_integrity()
+    assert sorted(cache.evict(4)) == [10, 11, 20, 21]
+    cache.check_integrity()  # the emptied salted tree went with its last block
+    assert cache.insert([1, 2], [30], salt="a") == [30]
+    cache.check_integrity()
+
+
 def test_ref_counts_and_evictable_counter() -> None:
     cache = RadixCache(block_size=1)
     cache.insert([1, 2], [5, 6])

@@ -232,3 +232,53 @@ def test_logprobs_equal_log_softmax_of_raw_logits() -> None:
     np.testing.assert_allclose([t.logprob for t in lp.top], ref[[t.token_id for t in lp.top]])
     assert lp.top[0].token_id == 5
     assert Sampler.logprobs_row(x, 0, 0).top == []
+    assert lp.rank == 1 + int((x > x[1234]).sum())
+    assert Sampler.logprobs_row(x, 5, 0).rank == Sampler.logprobs_row(x, 900, 0).rank == 1
+
+
+def test_logit_bias_steers_greedy_and_sampled_choices() -> None:
+    logits = rand_logits(2, 100, seed=4)
+    best = int(np.argmax(logits[0]))
+    ban, force = {best: -100.0}, {7: 100.0}
+    out = sample(Sampler(100), logits, [Row(sp(temperature=0.0, logit_bias=ban))] * 2)
+    shifted = logits[0].copy()
+    shifted[best] -= 100.0
+    assert out[0] == int(np.argmax(shifted)) != best
+    rows = [Row(sp(temperature=1.0, logit_bias=force), make_generator(i)) for i in range(2)]
+    assert sample(Sampler(100), logits, rows) == [7, 7]
+    # logprobs stay those of the raw logits
+    [out_lp] = Sampler(100).emit(
+        logits[:1], [SampleSeq(Row(sp(temperature=0.0, logit_bias=force, logprobs=0)), 1, [])]
+    )
+    assert out_lp.token_ids == [7]
+    assert out_lp.logprobs is not None
+    assert out_lp.logprobs[0].logprob == pytest.approx(
+        Sampler.logprobs_row(logits[0], 7, 0).logprob
+    )
+
+
+def test_min_tokens_masks_the_stop_ids_until_reached() -> None:
+    logits = np.zeros((1, 10), dtype=np.float32)
+    logits[0, 3] = 10.0  # the stop token is by far the best
+    params = sp(temperature=0.0, min_tokens=2, stop_token_ids=(3, 4))
+    early, late = Row(params, output_ids=[1]), Row(params, output_ids=[1, 2])
+    assert sample(Sampler(10), logits, [early]) != [3]
+    assert sample(Sampler(10), logits, [late]) == [3]
+    # a draft verified at position 2 is past the minimum: the stop token is allowed there
+    logits2 = np.repeat(logits, 2, axis=0)
+    [out] = Sampler(10).emit(logits2, [SampleSeq(early, 2, [0])])
+    assert out.token_ids == [0, 3]
+
+
+def test_scoring_rows_give_prompt_logprobs_before_the_sampled_row() -> None:
+    logits = rand_logits(4, 50, seed=5)
+    row = Row(sp(temperature=0.0, prompt_logprobs=2), prompt_ids=[1, 2, 3, 4])
+    [out] = Sampler(50).emit(logits, [SampleSeq(row, 4, [], [2, 3, 4])])
+    assert out.token_ids == [int(np.argmax(logits[3]))]
+    assert out.prompt_logprobs is not None
+    assert out.prompt_logprobs == [
+        Sampler.logprobs_row(logits[j], t, 2) for j, t in enumerate([2, 3, 4])
+    ]
+    # mid-prompt: every row scores, nothing is sampled
+    [mid] = Sampler(50).emit(logits[:2], [SampleSeq(row, 2, [], [2, 3])])
+    assert mid.token_ids == [] and mid.prompt_logprobs is not None and len(mid.prompt_logprobs) == 2

@@ -21,7 +21,7 @@ from frontend.openai.requests import (
     decode_request,
 )
 from frontend.openai.validation import (
-    completion_prompt,
+    completion_prompts,
     embedding_inputs,
     parse_priority,
     validate_chat,
@@ -76,12 +76,20 @@ def expect(err: ServingError, kind: tuple[int, ErrorCode], param: str) -> None:
         ({"logprobs": True, "top_logprobs": 21}, INVALID, "top_logprobs"),
         ({"top_logprobs": 2}, INVALID, "top_logprobs"),
         ({"n": 0}, INVALID, "n"),
-        ({"n": 2}, UNSUPPORTED, "n"),
+        ({"n": 129}, INVALID, "n"),
         ({"echo": True}, UNSUPPORTED, "echo"),
         ({"tools": [{"type": "function"}]}, UNSUPPORTED, "tools"),
         ({"tool_choice": "auto"}, UNSUPPORTED, "tool_choice"),
         ({"response_format": {"type": "json_object"}}, UNSUPPORTED, "response_format"),
-        ({"logit_bias": {"5": 1.0}}, UNSUPPORTED, "logit_bias"),
+        ({"logit_bias": {"5": 100.5}}, INVALID, "logit_bias"),
+        ({"logit_bias": {"a": 1.0}}, INVALID, "logit_bias"),
+        ({"logit_bias": {"-1": 1.0}}, INVALID, "logit_bias"),
+        ({"min_tokens": -1}, INVALID, "min_tokens"),
+        ({"priority": 101}, INVALID, "priority"),
+        ({"cache_salt": ""}, INVALID, "cache_salt"),
+        ({"prompt_logprobs": 21}, INVALID, "prompt_logprobs"),
+        ({"prompt_logprobs": 1, "stream": True}, INVALID, "prompt_logprobs"),
+        ({"chat_template_kwargs": {"messages": []}}, INVALID, "chat_template_kwargs"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, INVALID, "messages[0].role"),
         ({"messages": [USER, {"role": "user"}]}, MISSING, "messages[1].content"),
         (
@@ -111,6 +119,9 @@ def test_chat_rejections(fields: dict[str, Any], kind: tuple[int, ErrorCode], pa
         {"stop": "x", "n": 1, "echo": False, "tools": None, "tool_choice": None},
         {"logprobs": True, "top_logprobs": 20, "max_completion_tokens": 1},
         {"presence_penalty": -2, "frequency_penalty": 2, "logit_bias": {}},
+        {"n": 128, "logit_bias": {"5": -100, "0": 100}, "min_tokens": 0, "priority": -100},
+        {"cache_salt": "s", "prompt_logprobs": 20, "chat_template_kwargs": {"think": True}},
+        {"skip_special_tokens": False, "include_stop_str_in_output": True},
         {"messages": [{"role": r, "content": "x"} for r in ("system", "developer", "tool")]},
         {"messages": [USER, {"role": "assistant", "content": None}]},
         {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]},
@@ -123,21 +134,22 @@ def test_chat_accepts(fields: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("fields", "kind", "param"),
     [
-        ({"prompt": ["a", "b"]}, UNSUPPORTED, "prompt"),
-        ({"prompt": [[1], [2]]}, UNSUPPORTED, "prompt"),
+        ({"prompt": ["a", ""]}, INVALID, "prompt[1]"),
+        ({"prompt": [[1], [-2]]}, INVALID, "prompt[1]"),
+        ({"prompt": ["a"] * 257}, INVALID, "prompt"),
         ({"prompt": ["a", 1]}, INVALID, "prompt"),
         ({"prompt": []}, INVALID, "prompt"),
         ({"prompt": ""}, INVALID, "prompt"),
-        ({"prompt": [[]]}, INVALID, "prompt"),
+        ({"prompt": [[]]}, INVALID, "prompt[0]"),
         ({"prompt": [1, -1]}, INVALID, "prompt"),
         ({"max_tokens": 0}, INVALID, "max_tokens"),
+        ({"max_tokens": -1, "echo": True}, INVALID, "max_tokens"),
         ({"logprobs": 21}, INVALID, "logprobs"),
         ({"temperature": 3}, INVALID, "temperature"),
         ({"stop": ["1", "2", "3", "4", "5"]}, INVALID, "stop"),
         ({"suffix": "tail"}, UNSUPPORTED, "suffix"),
-        ({"echo": True}, UNSUPPORTED, "echo"),
         ({"best_of": 3}, UNSUPPORTED, "best_of"),
-        ({"n": 2}, UNSUPPORTED, "n"),
+        ({"n": 0}, INVALID, "n"),
     ],
 )
 def test_completion_rejections(
@@ -150,12 +162,24 @@ def test_completion_rejections(
 
 @pytest.mark.parametrize(
     ("prompt", "expected"),
-    [("hi", "hi"), (["hi"], "hi"), ([1, 2], [1, 2]), ([[3, 4]], [3, 4]), ([0], [0])],
+    [
+        ("hi", ["hi"]),
+        (["hi"], ["hi"]),
+        ([1, 2], [[1, 2]]),
+        ([[3, 4]], [[3, 4]]),
+        ([0], [[0]]),
+        (["a", "b"], ["a", "b"]),
+        ([[1], [2, 3]], [[1], [2, 3]]),
+    ],
 )
-def test_completion_prompt(prompt: object, expected: object) -> None:
+def test_completion_prompts(prompt: object, expected: object) -> None:
     req = completion(prompt=prompt)
     validate_completion(req)
-    assert completion_prompt(req) == expected
+    assert completion_prompts(req) == expected
+
+
+def test_echo_allows_max_tokens_0() -> None:
+    validate_completion(completion(echo=True, max_tokens=0, logprobs=1))
 
 
 @pytest.mark.parametrize(
@@ -172,7 +196,7 @@ def test_embedding_inputs(value: object, expected: list[object]) -> None:
     ("fields", "kind", "param"),
     [
         ({"input": []}, INVALID, "input"),
-        ({"input": ""}, INVALID, "input[0]"),
+        ({"input": ""}, INVALID, "input"),
         ({"input": ["a", ""]}, INVALID, "input[1]"),
         ({"input": ["a", [1]]}, INVALID, "input"),
         ({"input": [[1], "a"]}, INVALID, "input"),
