@@ -58,6 +58,31 @@ class Tally:
             self.examples.append(f"{outcome}: {detail}"[:300])
 
 
+def stream_body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """A streamed greedy chat request for exactly max_tokens tokens (ignore_eos), with usage."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+async def attempt(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], cut_after: int | None = None
+) -> tuple[str, str, int]:
+    """one_request; the session's timeout passing is a "hang", a client error a "connection"."""
+    try:
+        return await one_request(session, url, body, cut_after)
+    except TimeoutError:
+        return "hang", "no end within the session's timeout", 0
+    except aiohttp.ClientError as exc:
+        return "connection", f"{type(exc).__name__}: {exc}", 0
+
+
 async def one_request(
     session: aiohttp.ClientSession, url: str, body: dict[str, Any], cut_after: int | None
 ) -> tuple[str, str, int]:
@@ -102,20 +127,9 @@ async def client(
             n += 1
             max_tokens = rng.randint(16, 128)
             prompt = f"Soak {index}.{n}: {words(rng, rng.randint(32, 64))}"
-            body = {
-                "model": model,
-                "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "ignore_eos": True,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
+            body = stream_body(model, prompt, max_tokens)
             cut = rng.randint(0, max_tokens - 1) if rng.random() < cut_share else None
-            try:
-                outcome, detail, tokens = await one_request(session, url, body, cut)
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                outcome, detail, tokens = "connection", f"{type(exc).__name__}: {exc}", 0
+            outcome, detail, tokens = await attempt(session, url, body, cut)
             tally.add(outcome, detail)
             tally.tokens += tokens if outcome == "completed" else 0
             if outcome == "429":

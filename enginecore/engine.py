@@ -22,7 +22,7 @@ from enginecore.request import (
     with_choices,
 )
 from enginecore.sampler import Sampler, make_generator
-from enginecore.scheduler import Events, Scheduler
+from enginecore.scheduler import Events, Scheduled, Scheduler
 from shared.eos import stop_token_ids
 from shared.protocol import (
     MAX_CHOICES,
@@ -30,7 +30,6 @@ from shared.protocol import (
     Accepted,
     Bye,
     Embed,
-    Embedded,
     FinishReason,
     GetStats,
     Heartbeat,
@@ -95,7 +94,7 @@ class Engine:
     def run(self) -> int:
         """Serve until drained; 0 after a drain, 1 after a fatal error (frontends are told)."""
         try:
-            while not (self.draining and not self.scheduler.has_work()):
+            while not (self.draining and not self.has_work()):
                 self.turn()
         except Exception as e:
             log.exception("fatal error in the engine loop")
@@ -106,7 +105,7 @@ class Engine:
 
     def turn(self) -> None:
         """One pass: every pending message, liveness and deadlines, then a step if there is work."""
-        busy = self.scheduler.has_work()
+        busy = self.has_work()
         for client, msg in self.channel.recv_all(0 if busy else IDLE_POLL_MS):
             try:
                 self.handle(client, msg)
@@ -118,8 +117,11 @@ class Engine:
         self.check_clients()
         self.expire_waiting()
         self.cut_overdue_drain()
-        if self.scheduler.has_work():
+        if self.has_work():
             self.step()
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or self.embedder.has_work()
 
     def drain(self) -> None:
         """Admit nothing new; the loop exits when running and waiting work is done, or after
@@ -135,9 +137,12 @@ class Engine:
         self.draining = True
 
     def cut_overdue_drain(self) -> None:
-        if not self.requests or time.monotonic() < self.drain_deadline:
+        if not self.has_work() or time.monotonic() < self.drain_deadline:
             return
-        log.warning("drain timeout: aborting %d unfinished requests", len(self.requests))
+        log.warning(
+            "drain timeout: aborting %d unfinished requests",
+            len(self.requests) + len(self.embedder.jobs),
+        )
         cut: Events = defaultdict(list)
         for rid, req in list(self.requests.items()):
             cut[req.client].append(
@@ -145,6 +150,10 @@ class Engine:
             )
             self.scheduler.abort(rid)
         self.send_events(cut)
+        for rid, job in list(self.embedder.jobs.items()):
+            self.embedder.drop(rid)
+            why = "the engine core is shutting down"
+            self.reject(job.client, rid, RejectReason.SHUTTING_DOWN, why)
 
     def broadcast(self, msg: Shutdown) -> None:
         for client in self.clients:
@@ -243,6 +252,7 @@ class Engine:
         for key in self.scheduler.choices_of(rid):
             if self.requests[key].client == client:
                 self.scheduler.finish(key, RequestStatus.FINISHED_ERROR)
+        self.embedder.drop(rid, client)
         self.channel.send(
             client, Rejected(rid, RejectReason.INTERNAL, "the engine core failed on this request")
         )
@@ -254,12 +264,14 @@ class Engine:
             req = self.requests[key]
             if req.client == client and index in (None, req.index):
                 self.scheduler.abort(key)
+        self.embedder.drop(rid, client)
 
     def forget(self, client: bytes) -> None:
         """A frontend left or went silent: abort everything it owns."""
         self.clients.pop(client, None)
         for rid in [rid for rid, r in self.requests.items() if r.client == client]:
             self.scheduler.abort(rid)
+        self.embedder.forget(client)
 
     def check_clients(self) -> None:
         cutoff = time.monotonic() - self.client_timeout_s
@@ -281,10 +293,33 @@ class Engine:
     # ---- one step ------------------------------------------------------------------------
 
     def step(self) -> None:
-        """Schedule, run the forward pass, sample, and send each frontend its events."""
-        scheduled = self.scheduler.schedule()
-        if scheduled is None:
+        """Generation first (schedule, forward, sample), then an embedding chunk from the token
+        budget it left; each frontend is sent its events and answers."""
+        cfg = self.scheduler.cfg
+        # embeddings take part of the budget as one more prefill chunk would (decodes first)
+        embed_chunk = cfg.prefill_chunk or cfg.max_num_batched_tokens
+        reserve = self.embedder.waiting_tokens(embed_chunk)
+        scheduled = self.scheduler.schedule(reserve) if self.scheduler.has_work() else None
+        used = 0
+        if scheduled is not None:
+            used = scheduled.batch.num_tokens
+            if not self.generate(scheduled):
+                return
+        budget = min(reserve, cfg.max_num_batched_tokens - used)
+        if budget > 0:
+            replies, ran = self.embedder.step(budget)
+            for client, reply in replies:
+                self.channel.send(client, reply)
+            used += ran
+        if used == 0:
             return
+        self.batch_tokens = used
+        self.steps_total += 1
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
+
+    def generate(self, scheduled: Scheduled) -> bool:
+        """The forward pass and sampling of one scheduled batch; False if the forward failed."""
         try:
             logits = self.runner.run(scheduled.batch)
         except Exception:
@@ -297,7 +332,7 @@ class Engine:
             self.send_events(self.scheduler.fail(scheduled))
             if self.failed_steps >= MAX_FAILED_STEPS:
                 raise
-            return
+            return False
         self.failed_steps = 0
         sampled = self.sampler.emit(logits, scheduled.sampling())
         events = self.scheduler.update_from_output(scheduled, sampled)
@@ -305,11 +340,8 @@ class Engine:
         if copies:  # forks of this step: before anything else writes their sources
             self.runner.copy_blocks(copies)
         self.queue_rate.record(time.monotonic(), self.scheduler.admitted_total)
-        self.batch_tokens = scheduled.batch.num_tokens
-        self.steps_total += 1
         self.send_events(events)
-        if self.step_delay_s:
-            time.sleep(self.step_delay_s)
+        return True
 
     def send_events(self, events: Events) -> None:
         for client, evs in events.items():
@@ -318,13 +350,16 @@ class Engine:
     # ---- between steps -------------------------------------------------------------------
 
     def embed(self, client: bytes, msg: Embed) -> None:
-        result = self.embedder.embed(msg.rid, msg.inputs)
-        if isinstance(result, tuple):
-            self.channel.send(client, Rejected(msg.rid, result[0], result[1]))
+        """Queue an embedding request: its chunks run in the steps to come."""
+        reason = (
+            (RejectReason.SHUTTING_DOWN, "the engine core is shutting down")
+            if self.draining
+            else self.embedder.refusal(msg.rid, msg.inputs)
+        )
+        if reason is not None:
+            self.reject(client, msg.rid, *reason)
         else:
-            self.channel.send(
-                client, Embedded(msg.rid, result, sum(len(ids) for ids in msg.inputs))
-            )
+            self.embedder.add(msg.rid, client, msg.inputs)
 
     def stats(self) -> Stats:
         b = self.blocks

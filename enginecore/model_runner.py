@@ -83,10 +83,10 @@ class ModelRunner:
         self.cache.k[:, dst] = self.cache.k[:, src]
         self.cache.v[:, dst] = self.cache.v[:, src]
 
-    def hidden_states(self, token_ids: list[int], block_table: list[int]) -> F32:
-        """Final-normed hidden states (n, d) of every token of one sequence, from position 0."""
-        chunk = SeqChunk(token_ids, 0, block_table, len(token_ids))
-        return self.run(Batch.build([chunk], self.block_size), return_hidden=True)
+    def hidden_states(self, chunks: list[SeqChunk]) -> F32:
+        """Final-normed hidden states (rows, d) of every token the chunks feed, chunk by chunk
+        (each chunk's num_sample is its length)."""
+        return self.run(Batch.build(chunks, self.block_size), return_hidden=True)
 
     def warmup(self) -> None:
         """Compile (or load from the numba cache) every kernel signature before serving."""

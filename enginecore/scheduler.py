@@ -172,8 +172,10 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------------------
 
-    def schedule(self) -> Scheduled | None:
-        budget = self.cfg.max_num_batched_tokens
+    def schedule(self, reserve: int = 0) -> Scheduled | None:
+        """This step's batch; `reserve` tokens of the budget are kept for other work (an
+        embedding chunk), which takes them like one more prefill chunk would."""
+        budget = self.cfg.max_num_batched_tokens - reserve
         chosen: dict[str, ScheduledSeq] = {}  # by rid, in batch order
         riders: list[tuple[int, Request]] = []
         by_priority = sorted(self.running.values(), key=lambda r: (-r.priority, r.arrival))

@@ -64,7 +64,12 @@ class Server:
         process = None
         if config.spawn_core:
             command = core_argv(config_path) if argv is None else argv
-            process = CoreProcess(command, core, stop_timeout_s=core_stop_timeout_s)
+            process = CoreProcess(
+                command,
+                core,
+                stop_timeout_s=core_stop_timeout_s,
+                stall_timeout_s=config.core_stall_timeout_s,
+            )
         self.workers = Workers(workers - 1, config_path) if workers > 1 else None
         peers = None if self.workers is None else self.workers.scrape
         metrics = Metrics(config.served_model_id)

@@ -35,6 +35,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     api_keys: tuple[str, ...] = ()  # empty = no auth
     max_body_bytes: int = 4 * 1024 * 1024
     max_messages: int = 1024
+    max_embedding_inputs: int = 2048  # inputs of one embeddings request
+    max_embedding_tokens: int = 65536  # tokens of one embeddings request, all inputs together
     cors_origins: tuple[str, ...] = ()  # origins browsers may call from ("*": any); () = no CORS
     metrics_on_api_port: bool = False  # /metrics on the API port too
     force_include_usage: bool = False  # every stream ends with a usage chunk, asked for or not
@@ -73,6 +75,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     curve_authorized_keys: str = ""  # directory of the frontends' public certificates (core)
     client_timeout_s: float = 10.0
     drain_timeout_s: float = 30.0
+    core_stall_timeout_s: float = 60.0  # a spawned core with work and no step this long is killed
+    unhealthy_after_s: float = 120.0  # /healthz fails after this long with no core; 0 = never
     num_threads: int = 0  # compute threads of the core; 0 = all cores
     # test knobs
     step_delay_ms: int = 0
@@ -87,6 +91,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             "kv_cache_bytes",
             "max_body_bytes",
             "max_messages",
+            "max_embedding_inputs",
+            "max_embedding_tokens",
             "spec_num_tokens",
             "spec_ngram_max",
             "spec_ngram_min",
@@ -109,8 +115,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be > 0")
         _check_model_names(self.model_id, self.served_model_name)
-        if self.drain_timeout_s < 0:
-            raise ValueError("drain_timeout_s must be >= 0")
+        for key in ("drain_timeout_s", "core_stall_timeout_s", "unhealthy_after_s"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be >= 0")
         if self.spec_ngram_min > self.spec_ngram_max:
             raise ValueError("spec_ngram_min must be <= spec_ngram_max")
         if self.block_size & (self.block_size - 1):

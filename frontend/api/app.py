@@ -12,7 +12,7 @@ from aiohttp import web
 from frontend.api.completions import CompletionRoutes
 from frontend.api.drain_gate import DrainGate
 from frontend.api.embeddings import EmbeddingRoutes
-from frontend.api.health import HealthRoutes, healthz, version
+from frontend.api.health import HealthRoutes, Liveness, version
 from frontend.api.metrics import Metrics
 from frontend.api.middleware import (
     cors_headers,
@@ -80,7 +80,13 @@ def make_api_app(services: Services, *, body_timeout_s: float = BODY_TIMEOUT_S) 
     if config.cors_origins:
         app.on_response_prepare.append(cors_headers(config.cors_origins))
     decoder = RequestDecoder()
-    converter = Converter(model, core.require_welcome, max_messages=config.max_messages)
+    converter = Converter(
+        model,
+        core.require_welcome,
+        max_messages=config.max_messages,
+        max_embedding_inputs=config.max_embedding_inputs,
+        max_embedding_tokens=config.max_embedding_tokens,
+    )
     completions = CompletionRoutes(
         core,
         model,
@@ -94,6 +100,7 @@ def make_api_app(services: Services, *, body_timeout_s: float = BODY_TIMEOUT_S) 
     tokenize = TokenizeRoutes(converter, decoder)
     models = ModelRoutes(model, core)
     health = health_routes(services)
+    liveness = Liveness(core, config.unhealthy_after_s)
     app.router.add_post("/v1/chat/completions", completions.chat)
     app.router.add_post("/v1/completions", completions.completions)
     app.router.add_post("/v1/embeddings", embeddings.embeddings)
@@ -102,7 +109,7 @@ def make_api_app(services: Services, *, body_timeout_s: float = BODY_TIMEOUT_S) 
         app.router.add_post(f"{prefix}/detokenize", tokenize.detokenize)
     app.router.add_get("/v1/models", models.models)
     app.router.add_get("/v1/models/{model_id:.+}", models.model)
-    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/healthz", liveness.healthz)
     app.router.add_get("/health", health.readyz)
     app.router.add_get("/ping", health.readyz)  # SageMaker probes with GET or POST
     app.router.add_post("/ping", health.readyz)
@@ -122,7 +129,8 @@ def make_health_app(services: Services) -> web.Application:
     app = web.Application(middlewares=[error_middleware(None)])
     app.on_response_prepare.append(stamp_request_id)
     health = health_routes(services)
-    app.router.add_get("/healthz", healthz)
+    liveness = Liveness(services.core, services.config.unhealthy_after_s)
+    app.router.add_get("/healthz", liveness.healthz)
     app.router.add_get("/readyz", health.readyz)
     app.router.add_get("/metrics", health.metrics)
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from shared.protocol import Submit, TokenEvent, TokenLogprob
 log = logging.getLogger(__name__)
 
 PING_INTERVAL_S: Final = 15.0
+_STREAM_FAILED: Final = "The server failed while streaming this response."
 
 
 class CompletionRoutes:
@@ -132,33 +134,45 @@ class CompletionRoutes:
             await reply.stream.admitted()
         except ServingError as e:
             raise reply.refusal(e) from None
-        job = reply.job
-        sse = await SSEStream.open(request, request[REQUEST_ID])
+        sse = SSEStream(request, request[REQUEST_ID])
         try:
-            for document in reply.fmt.opening(job.num_choices):
-                await sse.send(document)
-            while not reply.done:
-                item = await reply.stream.get(self._ping_interval_s)
-                if item is None:
-                    await sse.ping()
-                    continue
-                if isinstance(item, ServingError):
-                    await sse.error(item)
-                    return sse.response
-                if reply.ended(item):
-                    continue
-                piece, first_token = self._push(reply, item)
-                # finish_reason rides on the last text, or on a `delta: {}` of its own
-                if piece.text or piece.finish_reason is not None:
-                    usage = reply.usage() if job.continuous_usage else None
-                    await sse.send(reply.fmt.chunk(item.index, piece, usage, first_token))
-            if job.include_usage or self._force_include_usage:
-                await sse.send(reply.fmt.usage_chunk(reply.usage()))
-            await sse.done()
+            await sse.open()
+            await self._relay(sse, reply)
         except ConnectionResetError:
             log.info("client went away during %s", reply.stream.rid)
             reply.timer.abandon()
+        except Exception:
+            log.exception("the stream of %s failed", reply.stream.rid)
+            with contextlib.suppress(ConnectionError):
+                await sse.error(ServingError(ErrorCode.INTERNAL_ERROR, _STREAM_FAILED))
+        finally:
+            if not sse.ended:  # the client left, or this task was cancelled: never a clean end
+                sse.reset()
         return sse.response
+
+    async def _relay(self, sse: SSEStream, reply: _Reply) -> None:
+        """The stream's events, from the opening chunks to [DONE] or an error event."""
+        job = reply.job
+        for document in reply.fmt.opening(job.num_choices):
+            await sse.send(document)
+        while not reply.done:
+            item = await reply.stream.get(self._ping_interval_s)
+            if item is None:
+                await sse.ping()
+                continue
+            if isinstance(item, ServingError):
+                await sse.error(item)
+                return
+            if reply.ended(item):
+                continue
+            piece, first_token = self._push(reply, item)
+            # finish_reason rides on the last text, or on a `delta: {}` of its own
+            if piece.text or piece.finish_reason is not None:
+                usage = reply.usage() if job.continuous_usage else None
+                await sse.send(reply.fmt.chunk(item.index, piece, usage, first_token))
+        if job.include_usage or self._force_include_usage:
+            await sse.send(reply.fmt.usage_chunk(reply.usage()))
+        await sse.done()
 
     def _push(self, reply: _Reply, event: TokenEvent) -> tuple[Piece, int | None]:
         """One choice's event: its piece of text, and the first token of an echoed prompt (which

@@ -14,9 +14,19 @@ from frontend.api.metrics import CONTENT_TYPE, Metrics
 from frontend.core.client import CoreClient
 
 
-async def healthz(request: web.Request) -> web.Response:
-    """Liveness: the process answers. Stays 200 while draining, until exit."""
-    return json_response({"status": "ok"})
+class Liveness:
+    """GET /healthz: the process answers (draining too, until exit), and it has had a working
+    engine core within `unhealthy_after_s`: past that only a restart of the process can help."""
+
+    def __init__(self, core: CoreClient, unhealthy_after_s: float) -> None:
+        self._core = core
+        self._unhealthy_after_s = unhealthy_after_s  # 0 = never unhealthy
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        down = self._core.unready_for()
+        if self._unhealthy_after_s and down > self._unhealthy_after_s:
+            return json_response({"status": f"no working engine core for {down:.0f} s"}, 503)
+        return json_response({"status": "ok"})
 
 
 async def version(request: web.Request) -> web.Response:

@@ -14,6 +14,7 @@ import zmq.asyncio
 import zmq.auth
 import zmq.utils.monitor
 
+from frontend.core.progress import CoreProgress
 from frontend.core.request_stream import RequestStream, rejection_error, unavailable
 from shared import protocol
 from shared.core_link import NO_KEYS, CurveKeys, check_protected
@@ -107,6 +108,8 @@ class CoreClient:
         self._welcomed = asyncio.Event()
         self._lost = asyncio.Event()
         self._last_heard = 0.0
+        self._progress = CoreProgress(0.0)
+        self._unready_since = 0.0  # when the core was last lost (or the client started)
         self._closing = False
         self._core_stopping = False  # ShutdownCore sent: its Shutdown is no surprise
         self._linger_ms = 0
@@ -124,8 +127,20 @@ class CoreClient:
             raise ServingError(ErrorCode.ENGINE_UNAVAILABLE, "The engine core is not ready.")
         return self._welcome
 
+    def stalled_for(self) -> float:
+        """Seconds the core has gone without stepping or being idle (see CoreProgress)."""
+        return self._progress.stalled_for(asyncio.get_running_loop().time())
+
+    def unready_for(self) -> float:
+        """Seconds without a core that has handshaken; 0 while there is one, or once the core
+        was told to stop."""
+        if self.ready or self._core_stopping:
+            return 0.0
+        return asyncio.get_running_loop().time() - self._unready_since
+
     async def start(self) -> None:
         assert self._task is None
+        self._unready_since = asyncio.get_running_loop().time()
         self._task = asyncio.create_task(self._run(), name="core-client")
 
     async def wait_ready(self, timeout: float | None = None) -> Welcome:
@@ -201,6 +216,7 @@ class CoreClient:
         if self._welcome is not None and not self._closing:
             level = logging.INFO if self._core_stopping else logging.WARNING
             log.log(level, "engine core lost: %s", reason)
+            self._unready_since = asyncio.get_running_loop().time()
         self._welcome = None
         self._welcomed.clear()
         for stream in set(self._streams.values()):
@@ -309,34 +325,38 @@ class CoreClient:
         loop = asyncio.get_running_loop()
         while True:
             frames = await socket.recv_multipart()
-            self._last_heard = loop.time()
+            self._last_heard = now = loop.time()
             try:
                 message = self._decoder.decode(frames[-1])
             except msgspec.DecodeError as e:
                 log.error("undecodable message from the engine core: %s", e)
                 continue
-            self._dispatch(message)
+            self._dispatch(message, now)
 
-    def _dispatch(self, message: protocol.ToFrontend) -> None:
+    def _dispatch(self, message: protocol.ToFrontend, now: float) -> None:
         match message:
             case Welcome():
                 self._welcome = self.last_welcome = message
                 self._welcomed.set()
+                self._progress.restart(now)
                 log.info("engine core ready: %s", message)
             case Accepted(rid=rid):
                 stream = self._streams.get(rid)
                 if stream is not None:
                     stream.admit(rid)
             case Step(events=events):
+                self._progress.stepped(now)
                 for event in events:
                     self._route(event)
             case Rejected():
                 self._rejected(message)
             case Embedded(rid=rid):
+                self._progress.stepped(now)
                 future = self._embeds.pop(rid, None)
                 if future is not None and not future.done():
                     future.set_result(message)
             case Stats():
+                self._progress.stats(message, now)
                 for waiter in self._stats:
                     if not waiter.done():
                         waiter.set_result(message)

@@ -46,7 +46,9 @@ class CoreProcess:
     """Spawns the core, respawns it after a crash, and drains it on stop; never leaves an orphan.
 
     A core that exits before its first handshake ever means the frontend cannot serve
-    (bad model, bad config): `failed` is set, and the frontend exits non-zero.
+    (bad model, bad config): `failed` is set, and the frontend exits non-zero. A core that
+    handshook and then goes `stall_timeout_s` with work but no step (wedged in a step, or a
+    loop that no longer schedules) is killed, and so respawned like one that crashed.
     """
 
     def __init__(
@@ -56,14 +58,17 @@ class CoreProcess:
         *,
         respawn_delay_s: float = 1.0,
         stop_timeout_s: float = 30.0,
+        stall_timeout_s: float = 0.0,  # 0 = never killed for lack of progress
     ) -> None:
         self._argv = list(argv)
         self._client = client
         self._token = secrets.token_hex(16)  # only this frontend can tell the core to stop
         self._respawn_delay_s = respawn_delay_s
         self._stop_timeout_s = stop_timeout_s
+        self._stall_timeout_s = stall_timeout_s
         self._proc: asyncio.subprocess.Process | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._supervisor: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._pre_exec = die_with_parent()
         self.failed = asyncio.Event()
@@ -81,6 +86,8 @@ class CoreProcess:
         assert self._watcher is None
         await self._spawn()
         self._watcher = asyncio.create_task(self._watch(), name="core-process")
+        if self._stall_timeout_s > 0:
+            self._supervisor = asyncio.create_task(self._supervise(), name="core-supervisor")
 
     async def stop(self) -> None:
         """Drain the core (ShutdownCore, or SIGTERM if it never answered), kill it after a timeout."""
@@ -98,10 +105,11 @@ class CoreProcess:
                 proc.kill()
                 await proc.wait()
             log.info("engine core (pid %d) exited with %s", proc.pid, proc.returncode)
-        if self._watcher is not None:
-            self._watcher.cancel()
-            await asyncio.gather(self._watcher, return_exceptions=True)
-            self._watcher = None
+        tasks = [t for t in (self._watcher, self._supervisor) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._watcher = self._supervisor = None
 
     def kill(self) -> None:
         """Last resort on an abnormal exit of the frontend."""
@@ -119,6 +127,26 @@ class CoreProcess:
             await self._proc.stdin.drain()
         self._proc.stdin.close()
         log.info("engine core spawned: pid %d: %s", self._proc.pid, " ".join(self._argv))
+
+    async def _supervise(self) -> None:
+        """Kill a core that handshook and has since gone stall_timeout_s without progress."""
+        tick = min(1.0, self._stall_timeout_s / 4)
+        while not self._stopping.is_set():
+            await asyncio.sleep(tick)
+            proc, welcome = self._proc, self._client.last_welcome
+            if proc is None or proc.returncode is not None or self._stopping.is_set():
+                continue
+            if welcome is None or welcome.core_pid != proc.pid:
+                continue  # still starting: compiling and loading may take minutes
+            stalled = self._client.stalled_for()
+            if stalled > self._stall_timeout_s:
+                log.error(
+                    "engine core (pid %d) made no progress for %.1f s: killing it",
+                    proc.pid,
+                    stalled,
+                )
+                proc.kill()
+                await proc.wait()  # _watch respawns it
 
     async def _watch(self) -> None:
         delay = self._respawn_delay_s

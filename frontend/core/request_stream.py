@@ -11,6 +11,8 @@ from shared.protocol import Rejected, RejectReason, TokenEvent
 
 Item = TokenEvent | ServingError
 
+MERGE_AFTER: Final = 16  # events of one choice waiting before later ones merge into the last
+
 # core refusal -> what the client sees
 _REJECTIONS: Final = {
     RejectReason.QUEUE_FULL: ErrorCode.RATE_LIMIT_EXCEEDED,
@@ -36,6 +38,11 @@ class RequestStream:
     """The TokenEvents of every choice of one HTTP request until each has finished, or a
     single ServingError.
 
+    A handler that lags behind the core (its client reads slowly) finds at most MERGE_AFTER
+    events per choice, the last holding every token that came meanwhile, not one event per
+    step: what waits for a slow reader is bounded by its token count, and it catches up in a
+    few writes. (A handler that keeps up sees one event per step.)
+
     The request is one Submit per prompt (`rids`), each with `n` choices; an event comes out
     with `index` rewritten to its choice in the whole request, prompt-major (p * n + j).
     """
@@ -44,8 +51,10 @@ class RequestStream:
         "_dropped",
         "_error",
         "_items",
+        "_last",
         "_left",
         "_offsets",
+        "_queued",
         "_unadmitted",
         "_wakeup",
         "closed",
@@ -61,6 +70,8 @@ class RequestStream:
         self._unadmitted = set(rids)
         self._dropped: set[int] = set()  # choices the handler ended itself (a stop string)
         self._items: deque[Item] = deque()
+        self._last: dict[int, TokenEvent] = {}  # the last queued event of each choice, by index
+        self._queued: dict[int, int] = {}  # how many events of each choice are queued
         self._error: ServingError | None = None
         self._wakeup = asyncio.Event()
         self.closed = False  # the core is done with it: finished, refused, aborted or lost
@@ -89,7 +100,13 @@ class RequestStream:
         self._unadmitted.discard(rid)  # an event is proof of admission
         item.index += self._offsets[rid]
         if item.index not in self._dropped:
-            self._items.append(item)
+            last = self._last.get(item.index)
+            if last is not None and self._queued[item.index] >= MERGE_AFTER:
+                _merge(last, item)
+            else:
+                self._last[item.index] = item
+                self._queued[item.index] = self._queued.get(item.index, 0) + 1
+                self._items.append(item)
             self._wakeup.set()
             if item.finish is not None:
                 self._finish_choice(rid)
@@ -127,4 +144,25 @@ class RequestStream:
             except TimeoutError:
                 if not self._items:
                     return None
-        return self._items.popleft()
+        item = self._items.popleft()
+        if isinstance(item, TokenEvent):
+            self._queued[item.index] -= 1
+            if self._last.get(item.index) is item:
+                del self._last[item.index]
+        return item
+
+    @property
+    def pending(self) -> int:
+        """Items put and not yet taken."""
+        return len(self._items)
+
+
+def _merge(into: TokenEvent, later: TokenEvent) -> None:
+    """Fold a later event of the same choice into one not yet taken (what only a first event
+    carries stays: the prompt's counts, prompt logprobs, queue and prefill times)."""
+    into.token_ids.extend(later.token_ids)
+    if later.logprobs is not None:
+        if into.logprobs is None:
+            into.logprobs = []
+        into.logprobs.extend(later.logprobs)
+    into.finish = later.finish

@@ -93,10 +93,14 @@ class Converter:
         require_welcome: Callable[[], Welcome],
         *,
         max_messages: int | None = None,
+        max_embedding_inputs: int | None = None,
+        max_embedding_tokens: int | None = None,
     ) -> None:
         self._model = model
         self._require_welcome = require_welcome  # the core's Welcome, or 503 engine_unavailable
         self._max_messages = max_messages
+        self._max_embedding_inputs = max_embedding_inputs
+        self._max_embedding_tokens = max_embedding_tokens  # all inputs of one request together
 
     async def chat(self, req: ChatCompletionRequest, headers: Mapping[str, str]) -> GenerationJob:
         validate_chat(req)
@@ -126,8 +130,14 @@ class Converter:
         validate_embedding(req)
         self._model.check(req.model)
         welcome = self._require_welcome()
+        items = embedding_inputs(req)
+        if self._max_embedding_inputs is not None and len(items) > self._max_embedding_inputs:
+            raise invalid(
+                "input", f"'input' has {len(items)} inputs; at most {self._max_embedding_inputs}."
+            )
         inputs: list[list[int]] = []
-        for i, item in enumerate(embedding_inputs(req)):
+        num_tokens = 0
+        for i, item in enumerate(items):
             param = "input" if isinstance(req.input, str) else f"input[{i}]"
             ids = (
                 await self._model.encode(item, add_special_tokens=True)
@@ -144,6 +154,12 @@ class Converter:
                     param,
                 )
             inputs.append(_in_vocabulary(param, ids, welcome))
+            num_tokens += len(ids)
+            if self._max_embedding_tokens is not None and num_tokens > self._max_embedding_tokens:
+                raise invalid(
+                    "input",
+                    f"'input' has more than {self._max_embedding_tokens} tokens in all.",
+                )
         return inputs
 
     async def tokenize(self, req: TokenizeRequest) -> tuple[list[int], Welcome]:

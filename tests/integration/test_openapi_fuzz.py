@@ -27,6 +27,7 @@ from schemathesis.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from schemathesis.config import SchemathesisConfig
 from schemathesis.core.failures import FailureGroup
 
 from tests.conftest import TinyModels
@@ -38,6 +39,9 @@ DOC_PATH = REPO / "openapi" / "openai-subset.v1.yaml"
 MODEL_ID = "tiny"
 MAX_EXAMPLES = 100  # per operation and generation mode: ~1000 cases, ~15 s
 REQUEST_TIMEOUT_S = 30.0  # a hang fails the test: no request may take this long
+# schemathesis stops reading an event stream after 20 events (and closes the connection): a
+# longer stream then looked truncated. The short context bounds every stream far below this.
+MAX_STREAM_EVENTS = 1000
 MAX_BODY = 65536
 GENERATED = {("POST /v1/chat/completions", "200"), ("POST /v1/completions", "200")}
 ERROR_KEYS = {"message", "type", "param", "code"}
@@ -60,6 +64,12 @@ def component_validator(doc: dict[str, Any], name: str) -> Any:
     """A JSON Schema validator for components.schemas[name], its $refs resolved in `doc`."""
     root = {"$ref": f"#/components/schemas/{name}", "components": doc["components"]}
     return jsonschema_rs.Draft202012Validator(root)
+
+
+def load_schema(doc: dict[str, Any]) -> Any:
+    """The document as schemathesis reads it: every event stream read to its end."""
+    config = SchemathesisConfig.from_dict({"max-stream-events": MAX_STREAM_EVENTS})
+    return schemathesis.openapi.from_dict(doc, config=config)
 
 
 def has_body(operation: APIOperation) -> bool:
@@ -129,6 +139,11 @@ class Fuzzer:
             self.failures.append(f"{label}: {e!r} after {time.monotonic() - t0:.1f} s\n{case!r}")
             return
         problems = self.shape_problems(case, response)
+        if response.stream_cut_short:  # not read to its end: what it lacks cannot be told
+            problems.append(
+                f"event stream not read to its end ({MAX_STREAM_EVENTS} events, "
+                f"{REQUEST_TIMEOUT_S:g} s)"
+            )
         outcome = str(response.status_code)
         if response.status_code >= 400 and not problems:
             error = response.json()["error"]
@@ -211,9 +226,7 @@ def post(url: str, body: dict[str, Any]) -> requests.Response:
 def test_fuzz_every_operation(server: LiveServer, record_property: Any) -> None:
     doc = load_doc()
     fuzzer = Fuzzer(server, doc)
-    operations = [
-        result.ok() for result in schemathesis.openapi.from_dict(doc).get_all_operations()
-    ]
+    operations = [result.ok() for result in load_schema(doc).get_all_operations()]
     assert len(operations) == 16
     t0 = time.monotonic()
     for operation in operations:
@@ -239,6 +252,25 @@ def test_fuzz_every_operation(server: LiveServer, record_property: Any) -> None:
     streamed = post(server.api + "/v1/chat/completions", chat_body(max_tokens=4, stream=True))
     assert streamed.status_code == 200
     assert streamed.text.endswith("data: [DONE]\n\n")
+
+
+def test_a_long_stream_is_read_to_its_end(server: LiveServer) -> None:
+    """Once a flake of the fuzz run: schemathesis cut streams of more than 20 events short (and closed
+    the connection: the frontend logged "client went away"), so a long generation looked like
+    a stream that ended after a content chunk with neither [DONE] nor an error event."""
+    doc = load_doc()
+    fuzzer = Fuzzer(server, doc)
+    [chat] = [
+        result.ok()
+        for result in load_schema(doc).get_all_operations()
+        if result.ok().path == "/v1/chat/completions"
+    ]
+    body = chat_body(max_tokens=60, ignore_eos=True, temperature=0, stream=True)
+    fuzzer.call(
+        chat.Case(body=body, media_type="application/json"), server.api, GenerationMode.POSITIVE
+    )
+    assert not fuzzer.failures, fuzzer.failures
+    assert fuzzer.outcomes == {("POST /v1/chat/completions", "positive", "200"): 1}
 
 
 def test_every_document_example_is_served(server: LiveServer) -> None:

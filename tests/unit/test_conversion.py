@@ -37,7 +37,9 @@ def converter(model: ServedModel, welcome: Welcome | None = WELCOME) -> Converte
             raise ServingError(ErrorCode.ENGINE_UNAVAILABLE, "no core")
         return welcome
 
-    return Converter(model, require_welcome, max_messages=2)
+    return Converter(
+        model, require_welcome, max_messages=2, max_embedding_inputs=3, max_embedding_tokens=40
+    )
 
 
 def chat(**fields: Any) -> ChatCompletionRequest:
@@ -182,6 +184,33 @@ async def test_refusals_come_in_order(
     with pytest.raises(ServingError) as refused:
         await converter(model, welcome).chat(req, headers)
     assert (refused.value.code, refused.value.param) == (code, param)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        (["a", "b", "c", "d"], "'input' has 4 inputs; at most 3."),  # before any tokenizing
+        (["a" * 20, "b" * 20, "c"], "'input' has more than 40 tokens in all."),
+        ([[1] * 30, [2] * 11], "'input' has more than 40 tokens in all."),
+    ],
+)
+async def test_embedding_limits_are_400s(
+    model: ServedModel, inputs: list[Any], message: str
+) -> None:
+    req = decode_request(json.dumps({"model": "succ", "input": inputs}).encode(), EmbeddingRequest)
+    with pytest.raises(ServingError) as refused:
+        await converter(model).embeddings(req)
+    error = refused.value
+    assert (error.http_status, error.code, error.param, error.message) == (
+        400,
+        "invalid_value",
+        "input",
+        message,
+    )
+    fits = decode_request(
+        json.dumps({"model": "succ", "input": ["a" * 20, "b" * 20]}).encode(), EmbeddingRequest
+    )
+    assert len(await converter(model).embeddings(fits)) == 2
 
 
 async def test_embedding_inputs_and_tokenize(model: ServedModel) -> None:

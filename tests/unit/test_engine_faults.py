@@ -91,10 +91,13 @@ def test_a_message_that_fails_in_the_core_is_refused_as_internal(
 
     core.engine.submit = faulty  # type: ignore[method-assign]
 
-    def faulty_embed(rid: str, inputs: list[list[int]]) -> Any:
+    add = core.engine.embedder.add
+
+    def faulty_add(rid: str, client: bytes, inputs: list[list[int]]) -> Any:
+        add(rid, client, inputs)  # queued, then the core fails: nothing of it may remain
         raise RuntimeError("injected embedding fault")
 
-    core.engine.embedder.embed = faulty_embed  # type: ignore[method-assign]
+    core.engine.embedder.add = faulty_add  # type: ignore[method-assign]
     core.send(Submit("bad", [POISON, 8, 9], greedy(6)))
     core.send(Embed("emb", [[1, 2, 3]]))
     core.send(Submit("ok", COUNTING, greedy(3)))
@@ -105,3 +108,4 @@ def test_a_message_that_fails_in_the_core_is_refused_as_internal(
     }
     assert finishes(core) == {"ok": FinishReason.LENGTH}
     assert core.stats().kv_blocks_used == 0 and not core.engine.requests
+    assert not core.engine.embedder.jobs
