@@ -1,6 +1,9 @@
 """How far each numerics mode (and llama.cpp) is from the float64 reference on the same GGUF.
 
 `python -m bench.fidelity [--models bundled,Q4_K_M,Q8_0] [--prompts 56] [--positions 64]`
+`python -m bench.fidelity --greedy`: per numerics mode and KV dtype, how many of
+tests/data/greedy.json's continuations of the bundled model (48 tokens each, an independent
+fp32 implementation's) the engine reproduces exactly, and where the others part.
 
 For each model: PROMPTS chat prompts, rendered with the model's template and continued
 greedily for `positions` tokens by tl-serve's exact mode (which reproduces the reference's
@@ -16,6 +19,7 @@ from `python -m bench.models`).
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -136,12 +140,38 @@ def score(path: Path, n_prompts: int, positions: int) -> None:
     print(f"  ({time.monotonic() - t0:.0f} s)", flush=True)
 
 
+GREEDY = Path(__file__).resolve().parents[1] / "tests" / "data" / "greedy.json"
+
+
+def greedy_check() -> None:
+    records = json.loads(GREEDY.read_text())["records"]
+    path = resolve("bundled")
+    for m in ("exact", "int16", "int8"):
+        for kv in ("f32", "f16"):
+            runner, kept, parted = load(path, m, kv), 0, []
+            for r in records:
+                want = r["output_ids_ignore_eos_48"]
+                got = continue_greedily(runner, r["prompt_ids"], len(want))[len(r["prompt_ids"]) :]
+                if got == want:
+                    kept += 1
+                else:
+                    parted.append(
+                        next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
+                    )
+            print(f"numerics {m:<5} KV {kv}: {kept} of {len(records)} continuations exact"
+                  + (f"; the others part at tokens {parted}" if parted else ""), flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--greedy", action="store_true", help="the greedy.json check instead")
     parser.add_argument("--models", default="bundled,Q4_K_M,Q8_0")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS))
     parser.add_argument("--positions", type=int, default=64)
     args = parser.parse_args()
+    if args.greedy:
+        greedy_check()
+        return
     print(f"{args.prompts} prompts x {args.positions} positions, against float64 numpy")
     print(f"{'model':<34} {'engine':<24} {'mean KL':>10} {'top-1':>8}")
     for name in args.models.split(","):

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.llama_bench import llama_bench_lines
+from bench.models import resolve
 from enginecore.batch import Batch, SeqChunk
 from enginecore.kernels import dot, gemm
 from enginecore.model_runner import ModelRunner
@@ -154,25 +155,12 @@ def llama_cpp_figures(path: Path, repeat: int, python: str) -> None:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default=BUNDLED_MODEL)
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument(
-        "--numerics", default=EngineConfig().numerics, choices=["exact", "int8", "int16"]
-    )
-    parser.add_argument(
-        "--kv-cache-dtype", default=EngineConfig().kv_cache_dtype, choices=["f32", "f16"]
-    )
-    parser.add_argument(
-        "--llama-python",
-        default=str(ROOT / ".cache" / "llamacpp-venv" / "bin" / "python"),
-        help="a Python with llama-cpp-python, for the llama.cpp reference (bench/compare makes one)",
-    )
-    args = parser.parse_args()
-    path = Path(args.model).expanduser()
+def bench_mode(
+    path: Path, numerics: str, kv: str, repeat: int, dense: dict[int, np.ndarray]
+) -> None:
+    """Every case of one numerics mode (a runner of its own; `dense` is shared by the modes)."""
     runner = ModelRunner.from_path(
-        path, BLOCK, FIRST_BLOCK + 64 * SEQ_BLOCKS, 0, 2048, args.numerics, args.kv_cache_dtype
+        path, BLOCK, FIRST_BLOCK + 64 * SEQ_BLOCKS, 0, 2048, numerics, kv
     )
     runner.warmup()
     rng = np.random.default_rng(0)
@@ -183,28 +171,53 @@ def main() -> None:
             if cache.dtype == np.float32
             else values.astype(np.float16).view(np.uint16)[None]
         )
-    dense: dict[int, np.ndarray] = {}
-    print(
-        f"{path.name}: {runner.cfg.num_layers} layers, numerics {args.numerics}, KV "
-        f"{args.kv_cache_dtype}, integer path {dot.SELECTED.name}; best and median of {args.repeat}"
-    )
+    print(f"numerics {numerics}, KV {kv}:")
     for chunk in (512, 256):
         run = prefill_calls(runner, chunk)
         run()
         report(
             f"prefill 512 as {512 // chunk} x {chunk}",
             512,
-            timed(run, args.repeat),
-            timed(blas_same_matmuls(runner, 512, 1, dense), args.repeat),
+            timed(run, repeat),
+            timed(blas_same_matmuls(runner, 512, 1, dense), repeat),
         )
     for num_seqs in (1, 8, 32, 64):
-        batches = [decode_batch(num_seqs, step, FIRST_BLOCK) for step in range(args.repeat)]
+        batches = [decode_batch(num_seqs, step, FIRST_BLOCK) for step in range(repeat)]
         runner.run(batches[0])
         it = iter(batches * 2)
-        ours = timed(lambda it=it: runner.run(next(it)), args.repeat)  # type: ignore[misc]
-        blas = timed(blas_same_matmuls(runner, num_seqs, num_seqs, dense), args.repeat)
+        ours = timed(lambda it=it: runner.run(next(it)), repeat)  # type: ignore[misc]
+        blas = timed(blas_same_matmuls(runner, num_seqs, num_seqs, dense), repeat)
         report(f"decode B={num_seqs}", num_seqs, ours, blas)
-    after_prefill(runner, args.repeat)
+    after_prefill(runner, repeat)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default=BUNDLED_MODEL, help="a path or a bench.models name")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--numerics",
+        default=EngineConfig().numerics,
+        help="comma-separated modes among exact, int8, int16 (each runs every case)",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype", default=EngineConfig().kv_cache_dtype, choices=["f32", "f16"]
+    )
+    parser.add_argument(
+        "--llama-python",
+        default=str(ROOT / ".cache" / "llamacpp-venv" / "bin" / "python"),
+        help="a Python with llama-cpp-python, for the llama.cpp reference (bench/compare makes one)",
+    )
+    args = parser.parse_args()
+    modes = args.numerics.split(",")
+    for m in modes:
+        if m not in ("exact", "int8", "int16"):
+            parser.error(f"--numerics: {m!r} is not one of exact, int8, int16")
+    path = resolve(args.model)
+    print(f"{path.name}: integer path {dot.SELECTED.name}; best and median of {args.repeat}")
+    dense: dict[int, np.ndarray] = {}
+    for m in modes:
+        bench_mode(path, m, args.kv_cache_dtype, args.repeat, dense)
     llama_cpp_figures(path, args.repeat, args.llama_python)
     print("\n".join(llama_bench_lines(path, args.repeat)))
 

@@ -1,24 +1,48 @@
-"""Where a busy engine core spends its time: py-spy samples the core while it decodes.
+"""Where a busy engine core spends its time: py-spy samples the core while it decodes; or the
+Python -> numba calls of one forward step.
 
     python -m bench.profile [--concurrency 64] [--seconds 12]   (py-spy: pip install -e '.[bench]')
+    python -m bench.profile --step [--rows 1] [--numerics int16] [--model PATH]
 
 Starts a core on the bundled model (bench.engine.Core), keeps `concurrency` greedy requests of
 128 tokens running, records the core with py-spy for `seconds`, and prints the share of samples
 per source line, self and inclusive, for the core's own code.
+
+`--step` runs decode steps of `rows` sequences (bench.model's contexts) in this process and
+prints the step time, every numba kernel called from Python per step (calls, time per step and
+per call, found by wrapping the kernel modules' dispatchers), the Python time between them, and
+what one call costs with no work: numba's dispatch of a matmul's arguments, and a parallel
+region on top.
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import numba
+import numpy as np
+from numba.core.registry import CPUDispatcher
 
 from bench.engine import Core, random_prompts
+from bench.model import BLOCK, FIRST_BLOCK, SEQ_BLOCKS, decode_batch
+from bench.models import resolve
+from enginecore.kernels import attention, dequant, gemm, layer, ops, panels
+from enginecore.model_runner import ModelRunner
+from enginecore.weights import PackedMatrix
+from shared.config import BUNDLED_MODEL, EngineConfig
 from shared.protocol import SamplingParams
+
+KERNEL_MODULES = (attention, dequant, gemm, layer, ops, panels)
 
 
 def summarize(raw: Path, top: int) -> None:
@@ -42,6 +66,91 @@ def summarize(raw: Path, top: int) -> None:
             print(f"  {100 * n / total:5.1f}%  {frame}")
 
 
+def per_call_us(fn: Callable[[], object], repeat: int = 2000) -> float:
+    fn()
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts) * 1e6
+
+
+@numba.njit(nogil=True)
+def _no_work(x: Any, fmt: Any, out: Any, col0: int, n_rows: int, parts: int) -> int:
+    return 0
+
+
+@numba.njit(nogil=True, parallel=True)
+def _empty_region(x: Any, fmt: Any, out: Any, col0: int, n_rows: int, parts: int) -> int:
+    done = np.zeros(parts, np.int64)
+    for p in numba.prange(parts):
+        done[p] = 1
+    return int(done.sum())
+
+
+def step_profile(model: str, numerics: str, rows: int, steps: int) -> None:
+    runner = ModelRunner.from_path(
+        resolve(model), BLOCK, FIRST_BLOCK + 64 * SEQ_BLOCKS, 0, 2048, numerics
+    )
+    runner.warmup()
+    batches = [decode_batch(rows, s, FIRST_BLOCK) for s in range(steps)]
+
+    def run_all() -> float:
+        t = time.perf_counter()
+        for b in batches:
+            runner.run(b)
+        return (time.perf_counter() - t) / steps
+
+    run_all()
+    times = []
+    for b in batches:
+        t = time.perf_counter()
+        runner.run(b)
+        times.append(time.perf_counter() - t)
+    times.sort()
+    print(f"{resolve(model).name}, numerics {numerics}, decode B={rows}, {steps} steps: "
+          f"best {times[0] * 1e3:.3f} ms, median {times[len(times) // 2] * 1e3:.3f} ms")  # fmt: skip
+    calls, spent = Counter[str](), Counter[str]()
+    saved: list[tuple[Any, str, Any]] = []
+
+    def counting(name: str, fn: Any) -> Callable[..., Any]:
+        def wrapper(*a: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a)
+            finally:
+                spent[name] += time.perf_counter() - t
+                calls[name] += 1
+
+        return wrapper
+
+    for mod in KERNEL_MODULES:
+        for name, fn in list(vars(mod).items()):
+            if isinstance(fn, CPUDispatcher):
+                saved.append((mod, name, fn))
+                setattr(mod, name, counting(f"{mod.__name__.rsplit('.', 1)[1]}.{name}", fn))
+    try:
+        wall = run_all()
+    finally:
+        for mod, name, fn in saved:
+            setattr(mod, name, fn)
+    inside = sum(spent.values()) / steps
+    print(f"with counting wrappers: {wall * 1e3:.3f} ms per step, "
+          f"{sum(calls.values()) / steps:.0f} numba calls per step")  # fmt: skip
+    for name, t in spent.most_common():
+        print(f"  {name:<28} {calls[name] / steps:6.0f} calls  {t / steps * 1e3:7.3f} ms/step  "
+              f"{t / calls[name] * 1e6:8.1f} us/call")  # fmt: skip
+    print(f"  Python between the calls     {(wall - inside) * 1e3:7.3f} ms/step")
+    m = next(
+        m for m in (runner.weights.embed, runner.weights.lm_head) if isinstance(m, PackedMatrix)
+    )
+    x, out = np.zeros((rows, m.shape[1]), np.float32), np.zeros((rows, 16), np.float32)
+    args = (x, m._format(), out, 0, 16, numba.get_num_threads())
+    print(f"a call with a matmul's arguments and no work: {per_call_us(lambda: _no_work(*args)):.1f} us; "
+          f"with an empty parallel region: {per_call_us(lambda: _empty_region(*args)):.1f} us")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -49,7 +158,17 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--seconds", type=int, default=12)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--step", action="store_true", help="profile forward steps instead")
+    parser.add_argument("--rows", type=int, default=1, help="--step: sequences per step")
+    parser.add_argument("--steps", type=int, default=50, help="--step: steps timed")
+    parser.add_argument("--numerics", default=EngineConfig().numerics, help="--step")
+    parser.add_argument(
+        "--model", default=BUNDLED_MODEL, help="--step: a path or bench.models name"
+    )
     args = parser.parse_args()
+    if args.step:
+        step_profile(args.model, args.numerics, args.rows, args.steps)
+        return
     # the venv's bin is not on PATH when the bench runs as .venv/bin/python -m bench.profile
     spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if spy is None:

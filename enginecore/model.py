@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from enginecore import weights
 from enginecore.kernels import attention, gemm, ops, threads
+from enginecore.kernels import layer as kernel_layer
 from enginecore.weights import EXACT_STREAM_MAX_ROWS, F32, I32, Weights
 
 # A sequence's run of at least this many rows in a BLAS-mode batch attends by BLAS GEMMs.
@@ -203,14 +205,29 @@ def _forward(
     if cfg.embed_scale != 1.0:
         x *= np.float32(cfg.embed_scale)
     ops.rmsnorm(x, w.layers[0].attn_norm, eps, h)
+    # integer numerics: each layer below is one numba call running the same kernels
+    panel_layers = w.panel_layers()
+    kind, qmax = weights.ACTIVATIONS.get(w.numerics, (None, 0))
     for layer, lw in enumerate(w.layers):
+        last = layer + 1 == len(w.layers)
+        cos, sin = rope[layer]
+        if panel_layers is not None and cfg.activation == "silu" and lw.plain:
+            next_norm = lw.ffn_norm if last else w.layers[layer + 1].attn_norm
+            wqkv, wo, w_gate_up, w_down = panel_layers[layer]
+            kernel_layer.int_layer(
+                x, h, qkv, att, proj, gate_up, act, positions, cos, sin, slot_mapping,
+                plan.kernel_tokens, seq_of_token, block_tables, cache.k[layer], cache.v[layer],
+                cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps, lw.ffn_norm, next_norm, last,
+                wqkv, wo, w_gate_up, w_down, kind, qmax, int(weights.ISA), threads.count(),
+                cfg.layer_window[layer], cfg.query_scale,
+            )  # fmt: skip
+            continue
         lw.wqkv.matmul(h, qkv)  # [q | k | v]
         if lw.qkv_bias is not None:
             qkv += lw.qkv_bias
         if lw.q_norm is not None and lw.k_norm is not None:  # each head, before RoPE
             ops.head_rmsnorm(qkv, 0, cfg.num_heads, cfg.head_dim, lw.q_norm, eps)
             ops.head_rmsnorm(qkv, cfg.q_dim, cfg.num_kv_heads, cfg.head_dim, lw.k_norm, eps)
-        cos, sin = rope[layer]
         rotate(qkv, positions, cos, sin, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
         attention.store_kv(qkv, slot_mapping, cfg.q_dim, cfg.kv_dim, cache.k[layer], cache.v[layer])
         attention.attend(
@@ -226,7 +243,7 @@ def _forward(
         lw.w_down.matmul(act, proj)
         if lw.post_ffn_norm is not None:
             ops.rmsnorm(proj, lw.post_ffn_norm, eps, proj)
-        if layer + 1 < len(w.layers):
+        if not last:
             add_rmsnorm(x, proj, w.layers[layer + 1].attn_norm, eps, h)
         else:
             ops.add_inplace(x, proj)

@@ -10,7 +10,7 @@ different types along the output dimension (fused q/k/v or gate/up of a mixed fi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
@@ -66,7 +66,7 @@ class Activations(NamedTuple):
 
 
 # integer mode -> (a zero-size array of its activations' type, their largest magnitude)
-_ACTIVATIONS: dict[Numerics, tuple[npt.NDArray[Any], int]] = {
+ACTIVATIONS: dict[Numerics, tuple[npt.NDArray[Any], int]] = {
     Numerics.INT8: (np.empty(0, np.int8), 127),
     Numerics.INT16: (np.empty(0, np.int16), 32767),
 }
@@ -74,7 +74,7 @@ _ACTIVATIONS: dict[Numerics, tuple[npt.NDArray[Any], int]] = {
 
 def quantize(x: F32, numerics: Numerics) -> Activations:
     n, k = x.shape
-    kind, qmax = _ACTIVATIONS[numerics]
+    kind, qmax = ACTIVATIONS[numerics]
     xq = np.empty((n, k), kind.dtype)
     xa = np.empty((n, k // 32), np.float32)
     xb = np.empty((n, k // 16), np.int32)
@@ -103,6 +103,9 @@ class DenseMatrix:
     def gather(self, ids: I32, out: F32) -> None:
         """out (n, K) = rows `ids` of W (an embedding lookup)."""
         ops.gather_rows_f32(ids, self.w, out)
+
+    def panel_parts(self) -> None:
+        return None  # sgemm, not the panel kernels
 
 
 def _panel_major(a: npt.NDArray[Any], n_panels: int) -> npt.NDArray[Any]:
@@ -170,7 +173,7 @@ class PackedMatrix:
             panels.int_matmul(acts.xq, acts.xa, acts.xb, self._format(), int(ISA), out, col0,
                               n_rows, parts)  # fmt: skip
         elif self.numerics != Numerics.EXACT:
-            kind, qmax = _ACTIVATIONS[self.numerics]
+            kind, qmax = ACTIVATIONS[self.numerics]
             panels.quantize_matmul(
                 x, kind, qmax, self._format(), int(ISA), out, col0, n_rows, parts
             )
@@ -184,6 +187,10 @@ class PackedMatrix:
     def gather(self, ids: I32, out: F32) -> None:
         """out (n, K) = rows `ids` of W, dequantized (an embedding lookup)."""
         dequant.dequantize_rows(ids, self._format(), out)
+
+    def panel_parts(self) -> tuple[tuple[Any, int], ...] | None:
+        """((format, rows),) for kernels/layer.py; None in exact mode."""
+        return None if self.numerics == Numerics.EXACT else ((self._format(), self.shape[0]),)
 
 
 @dataclass(slots=True)
@@ -210,6 +217,11 @@ class FusedMatrix:
 
     def gather(self, ids: I32, out: F32) -> None:
         raise AssertionError("an embedding is never fused")
+
+    def panel_parts(self) -> tuple[tuple[Any, int], ...] | None:
+        """Every part's (format, rows), or None when a part is dense or in exact mode."""
+        parts = [p.panel_parts() for p in self.parts]
+        return None if None in parts else tuple(x for p in parts if p for x in p)
 
 
 Matrix = DenseMatrix | PackedMatrix | FusedMatrix
@@ -271,6 +283,12 @@ class LayerWeights:
     post_attn_norm: F32 | None = None  # (d,): the attention output normed before the residual
     post_ffn_norm: F32 | None = None  # (d,): the MLP output normed before the residual
 
+    @property
+    def plain(self) -> bool:
+        """A Llama layer: no biases, no q/k or post norms (what the fused integer layer runs)."""
+        extras = (self.qkv_bias, self.q_norm, self.k_norm, self.post_attn_norm, self.post_ffn_norm)
+        return all(e is None for e in extras)
+
 
 @dataclass(slots=True)
 class Weights:
@@ -279,6 +297,19 @@ class Weights:
     final_norm: F32  # (d,)
     lm_head: DenseMatrix | PackedMatrix  # (vocab, d); the embedding itself when tied
     numerics: Numerics
+    _panel_layers: list[tuple[Any, ...]] | None = field(default=None, init=False, repr=False)
+
+    def panel_layers(self) -> list[tuple[Any, ...]] | None:
+        """Per layer (wqkv, wo, w_gate_up, w_down) as panel parts (kernels/layer.py), or
+        None when some matrix is not run by the integer panel kernels."""
+        if self._panel_layers is None and self.numerics != Numerics.EXACT:
+            mats = [
+                tuple(m.panel_parts() for m in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down))
+                for lw in self.layers
+            ]
+            if all(p is not None for layer in mats for p in layer):
+                self._panel_layers = mats
+        return self._panel_layers
 
     @property
     def nbytes(self) -> int:

@@ -86,17 +86,31 @@ def _splat(b: ir.IRBuilder, x32: ir.Value, lanes: int, as_type: ir.Type) -> ir.V
 class Emitter:
     """Accumulates one panel's 16 int32 sums over a run of groups, for one ISA and mode."""
 
-    def __init__(self, b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool) -> None:
+    def __init__(
+        self, b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool, chains: int = 1
+    ) -> None:
         self.b, self.isa, self.int16, self.four_bit = b, isa, int16, four_bit
         wide = isa == Isa.AVX512_VNNI
         # accumulators: one <16 x i32> (512-bit), two <8 x i32> halves, or (AVX2 with 8-bit
-        # weights and int8 activations) four <8 x i32> of row pairs
+        # weights and int8 activations) four <8 x i32> of row pairs; `chains` copies of them,
+        # so that consecutive pieces do not wait for each other's multiply-add (its latency,
+        # not its throughput, bounded a single activation row). The copies are added at the
+        # end: integer sums, so the same result.
         self.n_acc = 1 if wide else (4 if self._widened() else 2)
+        self.chains = chains
+        self.chain = 0  # the copy the next piece adds to
         width = 16 if wide else 8
-        self.acc = [
-            cgutils.alloca_once_value(b, ir.Constant(vec(I32, width), None))  # type: ignore[no-untyped-call]
-            for _ in range(self.n_acc)
+        self.sets = [
+            [
+                cgutils.alloca_once_value(b, ir.Constant(vec(I32, width), None))  # type: ignore[no-untyped-call]
+                for _ in range(self.n_acc)
+            ]
+            for _ in range(chains)
         ]
+
+    @property
+    def acc(self) -> list[ir.Value]:
+        return self.sets[self.chain]
 
     def _widened(self) -> bool:
         # vpmaddubsw sums two u8 * s8 products into a saturating int16: exact for 4-bit
@@ -152,16 +166,19 @@ class Emitter:
                     self._add(2 * h + q, _call(b, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), wq, xv))
 
     def reset(self) -> None:
-        for a in self.acc:
-            self.b.store(ir.Constant(a.type.pointee, None), a)
+        for accs in self.sets:
+            for a in accs:
+                self.b.store(ir.Constant(a.type.pointee, None), a)
 
     def sums(self) -> ir.Value:
         """The 16 rows' int32 sums as one <16 x i32>."""
         b = self.b
+        p = [b.load(a) for a in self.sets[0]]
+        for accs in self.sets[1:]:
+            p = [b.add(x, b.load(a)) for x, a in zip(p, accs, strict=True)]
         if self.n_acc == 1:
-            return b.load(self.acc[0])
+            return p[0]
         if self.n_acc == 4:  # (row, partial) pairs -> rows
-            p = [b.load(a) for a in self.acc]
             even = ir.Constant(vec(I32, 8), list(range(0, 16, 2)))
             odd = ir.Constant(vec(I32, 8), list(range(1, 16, 2)))
             halves = [
@@ -170,7 +187,7 @@ class Emitter:
                 for h in range(2)
             ]  # fmt: skip
         else:
-            halves = [b.load(a) for a in self.acc]
+            halves = p
         return b.shuffle_vector(halves[0], halves[1], ir.Constant(vec(I32, 16), list(range(16))))
 
 
@@ -183,11 +200,12 @@ def accumulate_groups(
     n_groups: ir.Value,
 ) -> None:  # fmt: skip
     """Add the panel rows' integer dot products over n_groups groups from w to each
-    (accumulators, activations) pair of `rows`: one weight load and unpack for all of them."""
+    (accumulators, activations) pair of `rows`: one weight load and unpack for all of them.
+    Two groups per iteration, their pieces spread over each emitter's chains."""
     group_bytes = 32 if rows[0][0].int16 else 64
     x_bytes = 8 if four_bit else 4  # activations per group, in bytes
-    with cgutils.for_range(b, n_groups) as loop:
-        g = loop.index
+
+    def group(g: ir.Value, parity: int) -> None:
         wv = load_at(b, w, b.mul(g, ir.Constant(I64, group_bytes)), vec(I8, group_bytes))
         xo = b.mul(g, ir.Constant(I64, x_bytes))
         if four_bit:
@@ -195,8 +213,19 @@ def accumulate_groups(
             shift = ir.Constant(vec(I8, group_bytes), [4] * group_bytes)
             low, high = b.and_(wv, mask), b.lshr(wv, shift)
             for em, x in rows:
+                em.chain = (2 * parity) % em.chains
                 em.piece(low, load_at(b, x, xo, I32))
+                em.chain = (2 * parity + 1) % em.chains
                 em.piece(high, load_at(b, x, b.add(xo, ir.Constant(I64, 4)), I32))
         else:
             for em, x in rows:
+                em.chain = (2 * parity) % em.chains
                 em.piece(wv, load_at(b, x, xo, I32))
+
+    one = ir.Constant(I64, 1)
+    with cgutils.for_range(b, b.lshr(n_groups, one)) as loop:
+        g = b.shl(loop.index, one)
+        group(g, 0)
+        group(b.add(g, one), 1)
+    with b.if_then(b.icmp_unsigned("!=", b.and_(n_groups, one), ir.Constant(I64, 0))):
+        group(b.sub(n_groups, one), 0)

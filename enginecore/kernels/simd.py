@@ -54,7 +54,11 @@ def _emit_rows(
     """out[16 t : 16 t + 16] for `rows` consecutive activation rows t = sum over sub-blocks j
     of xa * (sc * (S - off * B) + mn * B), in that order per lane, float32 mul then add (no
     fast-math flags, so no FMA contraction). The rows share each weight load and scale."""
-    ems = [Emitter(b, isa, int16, four_bit) for _ in range(rows)]
+    # one activation row: independent accumulator chains hide the multiply-add latency (4 of
+    # 32 zmm registers' worth; 2 of the 16 ymm on the 256-bit paths); several rows already
+    # give as many independent chains
+    chains = 1 if rows > 1 else (4 if isa == Isa.AVX512_VNNI else 2)
+    ems = [Emitter(b, isa, int16, four_bit, chains) for _ in range(rows)]
     zero = ir.Constant(vec(F32, 16), None)
     accs = [cgutils.alloca_once_value(b, zero) for _ in range(rows)]  # type: ignore[no-untyped-call]
     elem = 2 if int16 else 1

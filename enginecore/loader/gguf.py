@@ -111,7 +111,7 @@ def _part(t: gguf.ReaderTensor, rows: npt.NDArray[np.intp] | None = None) -> Par
     if rows is not None:
         data = data[rows]
     if qtype in gguf_types.DENSE:
-        return np.ascontiguousarray(gguf.quants.dequantize(data, qtype), np.float32)
+        return _owned(gguf.quants.dequantize(data, qtype))
     if qtype not in gguf_types.DECODERS:
         raise ValueError(
             f"tensor {t.name}: GGUF type {qtype.name} is not served ({gguf_types.SERVED})"
@@ -125,9 +125,14 @@ def _vector(t: gguf.ReaderTensor) -> F32:
         raise ValueError(
             f"tensor {t.name}: GGUF type {qtype.name} is not served ({gguf_types.SERVED})"
         )
-    return np.ascontiguousarray(
-        gguf.quants.dequantize(np.asarray(t.data), qtype), np.float32
-    ).reshape(-1)
+    return _owned(gguf.quants.dequantize(np.asarray(t.data), qtype)).reshape(-1)
+
+
+def _owned(a: npt.NDArray[Any]) -> F32:
+    """fp32 in memory of its own: an F32 tensor comes back from gguf as a view of the file's
+    mapping, and one such view kept every page of the file that the loader touched resident
+    (the size of the file, on top of the weights)."""
+    return np.array(a, np.float32, order="C", copy=True)
 
 
 def unpermute_rows(num_rows: int, n_head: int) -> npt.NDArray[np.intp]:
@@ -159,4 +164,8 @@ def load(path: Path, numerics: Numerics) -> tuple[ModelConfig, Weights]:
     weights = architectures.build_weights(
         cfg, fam, numerics, matrix, lambda name: _vector(tensors[name]), 0.0
     )
+    # the weights own their memory now; the shared reader (cached for the metadata readers)
+    # maps the file, and every page the loader read would stay resident with it: the size of
+    # the file on top of the weights
+    gguf_reader.cache_clear()
     return cfg, weights

@@ -12,8 +12,9 @@ import pytest
 
 from enginecore import weights
 from enginecore.batch import Batch, SeqChunk
-from enginecore.kernels import dot, threads
+from enginecore.kernels import attention, dot, threads
 from enginecore.model_runner import ModelRunner
+from enginecore.weights import Weights
 from tests.conftest import TinyModels
 from tests.fixtures import reference
 from tests.unit.test_model import PROMPT, prefill, ref_for, runner_for
@@ -86,6 +87,52 @@ def test_every_isa_path_and_thread_count_gives_the_same_logits(
                 outs.append(prefill(r, PROMPT, list(range(8)), 5))
     for out in outs[1:]:
         same_bits(out, outs[0])
+
+
+@pytest.mark.parametrize("numerics", INTEGER)
+@pytest.mark.parametrize("which", MODELS)
+def test_a_layer_in_one_numba_call_gives_the_unfused_bits(
+    tiny: TinyModels, which: str, numerics: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = runner(tiny, which, numerics)
+    assert r.weights.panel_layers() is not None  # mixed types too: a part per type
+    rng = np.random.default_rng(3)
+    chunks = [SeqChunk(PROMPT, 0, list(range(8)), 2)]
+    chunks += [SeqChunk(rng.integers(0, 256, 1).tolist(), 9 + s, list(range(8 + 4 * s, 12 + 4 * s)), 1)
+               for s in range(4)]  # fmt: skip
+    outs = []
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(Weights, "panel_layers", lambda self: None)
+        for n in (1, 2, 5):  # the batch's cache writes are the same in both passes
+            outs.append(r.run(Batch.build(chunks[:n], r.block_size)))
+    for a, b in zip(outs[:3], outs[3:], strict=True):
+        same_bits(a, b)
+
+
+def test_exact_mode_keeps_the_unfused_layers(tiny: TinyModels) -> None:
+    assert runner(tiny, "gguf_q4_k_m", "exact").weights.panel_layers() is None
+
+
+def test_a_token_attends_to_the_same_bits_alone_and_among_others() -> None:
+    # the bundled model's attention shapes (9 heads over 3 kv heads of 64, contexts ~150): the
+    # kernel for one token and for eight runs the same compiled sums
+    rng = np.random.default_rng(0)
+    n_heads, n_kv, hd, bs, n_blocks = 9, 3, 64, 32, 64
+    k = rng.standard_normal((n_blocks, bs, n_kv, hd), np.float32)
+    v = rng.standard_normal((n_blocks, bs, n_kv, hd), np.float32)
+    tables = rng.permutation(n_blocks).astype(np.int32).reshape(8, 8)
+    qkv = rng.standard_normal((8, (n_heads + 2 * n_kv) * hd), np.float32)
+    positions = (140 + 13 * np.arange(8) % 100).astype(np.int32)
+    seq = np.arange(8, dtype=np.int32)
+    outs = []
+    for n in (1, 2, 8):
+        out = np.zeros((n, n_heads * hd), np.float32)
+        p = attention.plan(seq[:n], None)
+        attention.attend(qkv[:n], p, seq[:n], positions[:n], tables, k, v, n_heads, out)
+        outs.append(out)
+    same_bits(outs[0], outs[2][:1])
+    same_bits(outs[1], outs[2][:2])
 
 
 @pytest.mark.parametrize("numerics", ["exact", *INTEGER])

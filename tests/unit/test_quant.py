@@ -3,14 +3,17 @@ on every ISA path this host runs equal to the portable path bit for bit and to f
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gguf
 import numpy as np
 import pytest
 
-from enginecore import weights
+from enginecore import loader, weights
 from enginecore.kernels import dot, panels, threads
 from enginecore.loader import gguf_types
 from enginecore.weights import Numerics, PackedMatrix
+from tests.conftest import TinyModels
 from tests.fixtures.quant_blocks import FP16_FIELDS, random_blocks
 
 Q = gguf.GGMLQuantizationType
@@ -166,3 +169,11 @@ def test_portable_sums_match_numpy_integers() -> None:
         s16 = np.empty(16, np.int32)
         panels._portable_sums(m.lanes, 0, 0, 32 // m.lanes.itemsize, False, xq, 0, 0, s16)
         np.testing.assert_array_equal(s16, dec.v[:, :32].astype(np.int64) @ xq[0, :32])
+
+
+@pytest.mark.parametrize("which", ["gguf_quant", "gguf_f32"])
+def test_the_loaded_file_is_not_kept_mapped(tiny: TinyModels, which: str) -> None:
+    # every page of the file the loader read stayed resident while anything mapped it
+    path = getattr(tiny, which)
+    _, _weights = loader.load(path, Numerics.INT16)  # alive while the maps are read
+    assert str(path) not in Path("/proc/self/maps").read_text()

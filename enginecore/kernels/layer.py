@@ -1,0 +1,63 @@
+"""One decoder layer of an integer-numerics model in one numba call.
+
+The unfused forward pass makes ten or so Python -> numba calls per layer (quantize, matmul,
+rope, store, attend, norm, ...), each paying numba's argument unboxing; a decode step of a
+30-layer model made ~300 of them. Here a layer is one call that runs the same kernels in the
+same order on the same buffers, so every output element is computed exactly as in the
+unfused pass (and stays batch-invariant): only the dispatch between the kernels is gone.
+
+A matrix is a tuple of parts, each (fmt, n_rows) (kernels/panels.py's format); a fused
+matrix of several GGUF types has one part per type, stacked along the output columns.
+"""
+
+import numpy as np
+from numba import njit
+
+from enginecore.kernels import ops
+from enginecore.kernels.attention import SERIAL_BELOW_TOKENS, paged_attention, store_kv
+from enginecore.kernels.panels import int_matmul, quantize_rows
+
+
+@njit(cache=True, nogil=True)
+def _matmul(x, kind, qmax, parts, isa, out, workers):
+    # out = x @ W.T for W the stacked parts; x quantized once for every part
+    n, k = x.shape
+    xq = np.empty((n, k), kind.dtype)
+    xa = np.empty((n, k // 32), np.float32)
+    xb = np.empty((n, k // 16), np.int32)
+    quantize_rows(x, qmax, xq, xa, xb)
+    col0 = 0
+    for fmt, n_rows in parts:
+        int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, workers)
+        col0 += n_rows
+
+
+@njit(cache=True, nogil=True)
+def int_layer(
+    x, h, qkv, att, proj, gate_up, act, positions, cos, sin, slot_mapping, tokens,
+    seq_of_token, block_tables, k_cache, v_cache, n_heads, n_kv_heads, head_dim, eps,
+    ffn_norm, next_norm, last, wqkv, wo, w_gate_up, w_down, kind, qmax, isa, workers,
+    window, scale,
+):  # fmt: skip
+    # x (n, d) the residual stream, h (n, d) its normed input; the rest are the unfused
+    # pass's buffers and arguments (enginecore/model.py). On return h = next_norm(x), or x
+    # holds the layer's output and h is stale when `last`.
+    q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
+    _matmul(h, kind, qmax, wqkv, isa, qkv, workers)
+    ops.rope(qkv, positions, cos, sin, n_heads + n_kv_heads, head_dim)
+    store_kv(qkv, slot_mapping, q_dim, kv_dim, k_cache, v_cache)
+    # the same compiled attention kernel as the unfused pass, so that a token's result is the
+    # same bits in any batch (on one worker for a few tokens: kernels/attention.py's attend)
+    n_tokens = tokens.shape[0]
+    attn_workers = 1 if n_tokens < SERIAL_BELOW_TOKENS else min(workers, n_tokens)
+    paged_attention(qkv, tokens, seq_of_token, positions, block_tables, k_cache, v_cache,
+                    n_heads, att, attn_workers, window, scale)  # fmt: skip
+    _matmul(att, kind, qmax, wo, isa, proj, workers)
+    ops.add_rmsnorm(x, proj, ffn_norm, eps, h)
+    _matmul(h, kind, qmax, w_gate_up, isa, gate_up, workers)
+    ops.silu_mul(gate_up, act)
+    _matmul(act, kind, qmax, w_down, isa, proj, workers)
+    if last:
+        ops.add_inplace(x, proj)
+    else:
+        ops.add_rmsnorm(x, proj, next_norm, eps, h)
