@@ -183,3 +183,25 @@ def test_bf16_load_reads_the_same_numbers_as_f32(forms: dict[tuple[str, str], Pa
     assert isinstance(a.lm_head, DenseMatrix) and isinstance(b.lm_head, DenseMatrix)
     np.testing.assert_array_equal(a.lm_head.w, b.lm_head.w)
     np.testing.assert_array_equal(a.final_norm, b.final_norm)
+
+
+# int8 numerics (llama.cpp's activations) against exact ones on the same Q8_0 weights, measured:
+# mean KL 1e-7 (gemma3) to 4.9e-3 (llama), top-1 agreement 64-67 of 67 rows
+INT8_MEAN_KL = 0.02
+INT8_TOP1 = 0.9
+
+
+@pytest.mark.parametrize("arch", NAMES)
+def test_int8_numerics_on_a_q8_0_twin_stay_close_to_exact(
+    forms: dict[tuple[str, str], Path], arch: str
+) -> None:
+    exact = runner_for(forms[arch, "gguf_q8_0"], num_blocks=64)
+    int8 = runner_for(forms[arch, "gguf_q8_0"], num_blocks=64, numerics="int8")
+    for ids, _ in sequences(arch):
+        a, b = (prefill(r, ids, list(range(16)), 4).astype(np.float64) for r in (exact, int8))
+        la = a - a.max(-1, keepdims=True)
+        la -= np.log(np.exp(la).sum(-1, keepdims=True))
+        lb = b - b.max(-1, keepdims=True)
+        lb -= np.log(np.exp(lb).sum(-1, keepdims=True))
+        assert (np.exp(la) * (la - lb)).sum(-1).mean() <= INT8_MEAN_KL
+        assert (a.argmax(-1) == b.argmax(-1)).mean() >= INT8_TOP1
