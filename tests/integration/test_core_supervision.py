@@ -32,7 +32,9 @@ async def supervised(tiny: TinyModels, workdir: Path) -> AsyncIterator[Server]:
     engine = default_engine(tiny.hf, model_id="tiny", core_stall_timeout_s=STALL_TIMEOUT_S)
     path = write_runtime_toml(workdir / "runtime.toml", engine)
     faults = f"hang={HANG},stall={STALL}"
-    argv = [sys.executable, "-m", "tests.fixtures.faulty_core", "--faults", faults]
+    # --owner-stdin: the core takes the spawner's token, so that its ShutdownCore is obeyed at
+    # the end (without it the core ignored it and was killed after the stop timeout)
+    argv = [sys.executable, "-m", "tests.fixtures.faulty_core", "--faults", faults, "--owner-stdin"]
     server = Server(load(path).engine, str(path), argv=[*argv, "--config", str(path)])
     try:
         await server.start()

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import pytest
 
 from enginecore.sampler import Sampler, SampleSeq, make_generator, top_ids
 from shared.protocol import SamplingParams
+from tests.fixtures.grammars import Row
 
 # chi-square critical values at p = 0.001, by degrees of freedom
 CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32}
-
-
-@dataclass
-class Row:
-    params: SamplingParams
-    generator: np.random.Generator = field(default_factory=lambda: make_generator(0))
-    prompt_ids: list[int] = field(default_factory=list)
-    output_ids: list[int] = field(default_factory=list)
 
 
 def sp(**kw: object) -> SamplingParams:

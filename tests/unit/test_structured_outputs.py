@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from enginecore.grammar import Grammar
-from frontend.openai.requests import ChatCompletionRequest, CompletionRequest, decode_request
+from frontend.openai.requests import CompletionRequest, decode_request
 from frontend.openai.structured import GrammarChecker, output_constraint
 from shared.errors import ErrorCode, ServingError
-from tests.conftest import TinyModels
 from tests.fixtures.grammars import Vocabulary
+from tests.unit.conftest import chat
 
 SCHEMA = {
     "type": "object",
@@ -21,21 +21,6 @@ SCHEMA = {
     "required": ["name", "n"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(scope="module")
-def vocab(tiny: TinyModels) -> Vocabulary:
-    return Vocabulary.of(tiny.hf)
-
-
-@pytest.fixture(scope="module")
-def checker(vocab: Vocabulary) -> GrammarChecker:
-    return GrammarChecker(vocab.tokenizer)
-
-
-def chat(**fields: Any) -> ChatCompletionRequest:
-    doc = {"model": "m", "messages": [{"role": "user", "content": "x"}], **fields}
-    return decode_request(json.dumps(doc).encode(), ChatCompletionRequest)
 
 
 def accepts(vocab: Vocabulary, grammar: Grammar, text: str) -> bool:

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from frontend.openai.requests import ChatCompletionRequest, decode_request
 from frontend.openai.structured import GrammarChecker, output_constraint
 from frontend.openai.tools import (
     plan_tools,
@@ -26,8 +25,9 @@ from frontend.text.tool_calls import (
     tool_syntax_of,
 )
 from shared.errors import ServingError
-from tests.conftest import TinyModels, llama_cpp_template
+from tests.conftest import llama_cpp_template
 from tests.fixtures.grammars import Vocabulary
+from tests.unit.conftest import chat
 
 WEATHER = {
     "type": "function",
@@ -56,21 +56,6 @@ def call(syntax: ToolSyntax, name: str, args: str) -> str:
 def calls(syntax: ToolSyntax, *pairs: tuple[str, str]) -> str:
     body = syntax.call_separator.join(call(syntax, n, a) for n, a in pairs)
     return syntax.calls_open + body + syntax.calls_close
-
-
-@pytest.fixture(scope="module")
-def vocab(tiny: TinyModels) -> Vocabulary:
-    return Vocabulary.of(tiny.hf)
-
-
-@pytest.fixture(scope="module")
-def checker(vocab: Vocabulary) -> GrammarChecker:
-    return GrammarChecker(vocab.tokenizer)
-
-
-def chat(**fields: Any) -> ChatCompletionRequest:
-    doc = {"model": "m", "messages": [{"role": "user", "content": "x"}], **fields}
-    return decode_request(json.dumps(doc).encode(), ChatCompletionRequest)
 
 
 def accepts(vocab: Vocabulary, grammar: str, text: str) -> bool:
