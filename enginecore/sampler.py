@@ -163,7 +163,11 @@ def penalized(
         ids = np.fromiter(params.logit_bias, dtype=np.int64, count=len(params.logit_bias))
         x[ids] += np.fromiter(params.logit_bias.values(), dtype=np.float32, count=ids.size)
     if len(output_ids) < params.min_tokens and params.stop_token_ids:
-        x[np.asarray(params.stop_token_ids, dtype=np.int64)] = -np.inf
+        stops = np.asarray(params.stop_token_ids, dtype=np.int64)
+        kept = x[stops].copy()
+        x[stops] = -np.inf
+        if np.isneginf(x).all():  # a grammar (or bias) leaves nothing but a stop: the stop wins
+            x[stops] = kept
     if params.repetition_penalty != 1.0:
         # HF: over prompt + output, positive logits shrink by division, negative by multiplication.
         seen = np.unique(np.concatenate([np.asarray(prompt_ids), np.asarray(output_ids)]))

@@ -261,6 +261,16 @@ def test_min_tokens_masks_the_stop_ids_until_reached() -> None:
     assert out.token_ids == [0, 3]
 
 
+def test_min_tokens_yields_to_a_mask_that_leaves_only_a_stop() -> None:
+    # a complete grammar allows only the end: min_tokens must not leave the row empty (the
+    # fuzzer's guided_regex "" with min_tokens 6 failed its request in sampling)
+    logits = np.full((1, 10), -np.inf, dtype=np.float32)
+    logits[0, 4] = 0.0
+    for temperature in (0.0, 1.0):
+        params = sp(temperature=temperature, min_tokens=6, stop_token_ids=(3, 4))
+        assert sample(Sampler(10), logits, [Row(params, output_ids=[1])]) == [4]
+
+
 def test_scoring_rows_give_prompt_logprobs_before_the_sampled_row() -> None:
     logits = rand_logits(4, 50, seed=5)
     row = Row(sp(temperature=0.0, prompt_logprobs=2), prompt_ids=[1, 2, 3, 4])
