@@ -1,7 +1,9 @@
 """Per-kernel microbenchmarks at the model's shapes, each beside plain numpy doing the same work.
 
-`python -m bench.kernels [--repeat N] [--types Q4_K,Q6_K] [--only-matmuls]`: best-of-N wall
-time per call, JIT warmed first. Numba kernels run with the process's numba threads (2 here);
+`python -m bench.kernels [--repeat N] [--types Q4_K,Q6_K] [--only-matmuls | --shapes]`: best-of-N
+wall time per call, JIT warmed first. `--shapes` prints only the integer matmuls at the bundled
+model's matrix shapes and types: GB/s of packed weights at 1 activation row, G multiply-adds
+per second at 4 / 16 / 64 / 512 rows, for int16 and int8 on the path this host selects. Numba kernels run with the process's numba threads (2 here);
 numpy uses OpenBLAS's 2 threads. A 0.5 s pause before each numpy timing lets the other side's
 idle threads stop spinning.
 """
@@ -18,7 +20,7 @@ import numpy as np
 
 from bench.model import timed
 from enginecore import weights
-from enginecore.kernels import attention, dot, gemm, ops
+from enginecore.kernels import attention, dot, gemm, ops, panels, threads
 from enginecore.loader import gguf_types
 from enginecore.weights import Numerics, PackedMatrix
 from tests.fixtures.quant_blocks import random_blocks
@@ -88,6 +90,45 @@ def matmuls(repeat: int, types: list[str]) -> None:
                 print(f"{label:<30} bound {bound:5.3f}   n=1 {ms[1]:7.3f}   n=8 {ms[8]:7.3f}   "
                       f"n=512 {many}", flush=True)  # fmt: skip
     weights.ISA = dot.SELECTED
+
+
+# the bundled model's matrices: (GGUF type, name, output rows, input columns)
+MODEL_SHAPES = (
+    ("Q4_1", "wqkv", 960, 576), ("Q4_1", "wo", 576, 576), ("Q4_1", "w_gate_up", 3072, 576),
+    ("Q4_1", "w_down", 576, 1536), ("Q8_0", "lm_head", 49152, 576),
+)  # fmt: skip
+SHAPE_ROWS = (1, 4, 16, 64, 512)
+
+
+def model_shapes(repeat: int) -> None:
+    """Integer matmuls (pre-quantized activations, as the fused layer calls them) per shape."""
+    rng = np.random.default_rng(0)
+    print(f"integer matmuls at the bundled model's shapes, {dot.SELECTED.name}, "
+          f"{threads.count()} threads: n=1 GB/s of packed weights, else G MAC/s")  # fmt: skip
+    for name, what, n_out, k in MODEL_SHAPES:
+        qtype = gguf.GGMLQuantizationType[name]
+        dec = gguf_types.decode(qtype, random_blocks(qtype, n_out, k, rng))
+        for numerics in (Numerics.INT16, Numerics.INT8):
+            m = PackedMatrix.pack(name, dec, numerics)
+            fmt = m.panel_parts()[0][0]  # type: ignore[index]
+            cells = []
+            for n in SHAPE_ROWS:
+                a = weights.quantize(rng.standard_normal((n, k), np.float32), numerics)
+                out = np.empty((n, n_out), np.float32)
+
+                def call(a: weights.Activations = a, out: np.ndarray = out, fmt: object = fmt,
+                         n_out: int = n_out) -> None:  # fmt: skip
+                    panels.int_matmul(a.xq, a.xa, a.xb, fmt, int(dot.SELECTED), out, 0, n_out,
+                                      threads.count())  # fmt: skip
+
+                # enough calls for ~0.1 s of multiply-adds at ~100 G MAC/s, at least `repeat`
+                ms = quick_ms(call, max(repeat, min(200, int(1e10 // (n_out * k * n)))))
+                if n == 1:
+                    cells.append(f"n=1 {ms * 1e3:7.1f} us {m.nbytes / ms / 1e6:5.1f} GB/s")
+                else:
+                    cells.append(f"n={n} {n_out * k * n / ms / 1e6:6.1f}")
+            label = f"{what} {name} {n_out}x{k} {numerics}"
+            print(f"{label:<32} " + "   ".join(cells), flush=True)
 
 
 def elementwise(repeat: int) -> None:
@@ -171,7 +212,11 @@ def main() -> None:
         help="GGUF types to time, comma-separated",
     )  # fmt: skip
     parser.add_argument("--only-matmuls", action="store_true")
+    parser.add_argument("--shapes", action="store_true", help="only the model-shape matmuls")
     args = parser.parse_args()
+    if args.shapes:
+        model_shapes(max(3, args.repeat // 4))
+        return
     matmuls(max(3, args.repeat // 4), args.types.split(","))
     if args.only_matmuls:
         return

@@ -71,6 +71,19 @@ def _call(b: ir.IRBuilder, name: str, ret: ir.Type, *args: ir.Value) -> ir.Value
     return b.call(b.module.declare_intrinsic(name, fnty=fnty), list(args))
 
 
+llvm.initialize_native_asmparser()  # for the inline assembly below
+
+
+def _dpwssd(b: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.Value:
+    """acc + the pairwise int16 products of w and x, as one vpdpwssd (512-bit).
+
+    Inline assembly, because LLVM splits the intrinsic into vpmaddwd + vpaddd on the hosts it
+    tunes for (two instructions, and no broadcast folded into the multiply-add): the same
+    exact sums either way."""
+    ty = ir.FunctionType(acc.type, [acc.type, w.type, x.type])
+    return b.asm(ty, "vpdpwssd $3, $2, $0", "=v,0,v,v", [acc, w, x], False)
+
+
 def load_at(b: ir.IRBuilder, base: ir.Value, offset: ir.Value, ty: ir.Type) -> ir.Value:
     ptr = b.bitcast(b.gep(base, [offset]), ty.as_pointer())
     return b.load(ptr, align=1)
@@ -127,8 +140,7 @@ class Emitter:
             acc = self.acc[0]
             if self.int16:
                 wv = b.zext(w, vec(I16, 32))
-                r = _call(b, "llvm.x86.avx512.vpdpwssd.512", vec(I32, 16), b.load(acc), wv,
-                          _splat(b, x32, 16, vec(I16, 32)))  # fmt: skip
+                r = _dpwssd(b, b.load(acc), wv, _splat(b, x32, 16, vec(I16, 32)))
             else:
                 r = _call(b, "llvm.x86.avx512.vpdpbusd.512", vec(I32, 16), b.load(acc), w,
                           _splat(b, x32, 16, vec(I8, 64)))  # fmt: skip
@@ -197,35 +209,24 @@ def _part8(b: ir.IRBuilder, w: ir.Value, start: int, n: int) -> ir.Value:
 
 def accumulate_groups(
     b: ir.IRBuilder, rows: list[tuple[Emitter, ir.Value]], four_bit: bool, w: ir.Value,
-    n_groups: ir.Value,
+    n_groups: int,
 ) -> None:  # fmt: skip
     """Add the panel rows' integer dot products over n_groups groups from w to each
     (accumulators, activations) pair of `rows`: one weight load and unpack for all of them.
-    Two groups per iteration, their pieces spread over each emitter's chains."""
+    Straight-line code (a sub-block's few groups), consecutive pieces on consecutive chains."""
     group_bytes = 32 if rows[0][0].int16 else 64
     x_bytes = 8 if four_bit else 4  # activations per group, in bytes
-
-    def group(g: ir.Value, parity: int) -> None:
-        wv = load_at(b, w, b.mul(g, ir.Constant(I64, group_bytes)), vec(I8, group_bytes))
-        xo = b.mul(g, ir.Constant(I64, x_bytes))
+    pieces = 0
+    for g in range(n_groups):
+        wv = load_at(b, w, ir.Constant(I64, g * group_bytes), vec(I8, group_bytes))
         if four_bit:
             mask = ir.Constant(vec(I8, group_bytes), [15] * group_bytes)
             shift = ir.Constant(vec(I8, group_bytes), [4] * group_bytes)
-            low, high = b.and_(wv, mask), b.lshr(wv, shift)
-            for em, x in rows:
-                em.chain = (2 * parity) % em.chains
-                em.piece(low, load_at(b, x, xo, I32))
-                em.chain = (2 * parity + 1) % em.chains
-                em.piece(high, load_at(b, x, b.add(xo, ir.Constant(I64, 4)), I32))
+            halves = [(b.and_(wv, mask), 0), (b.lshr(wv, shift), 4)]
         else:
+            halves = [(wv, 0)]
+        for part, x_off in halves:
             for em, x in rows:
-                em.chain = (2 * parity) % em.chains
-                em.piece(wv, load_at(b, x, xo, I32))
-
-    one = ir.Constant(I64, 1)
-    with cgutils.for_range(b, b.lshr(n_groups, one)) as loop:
-        g = b.shl(loop.index, one)
-        group(g, 0)
-        group(b.add(g, one), 1)
-    with b.if_then(b.icmp_unsigned("!=", b.and_(n_groups, one), ir.Constant(I64, 0))):
-        group(b.sub(n_groups, one), 0)
+                em.chain = pieces % em.chains
+                em.piece(part, load_at(b, x, ir.Constant(I64, g * x_bytes + x_off), I32))
+            pieces += 1

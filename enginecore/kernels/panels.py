@@ -25,7 +25,16 @@ import numpy as np
 from numba import njit, prange
 
 from enginecore.kernels.f16 import f16_bits_to_f32
-from enginecore.kernels.simd import ROWS, panel_row_4, panel_row_8, panel_rows_4, panel_rows_8
+from enginecore.kernels.simd import (
+    ROWS,
+    WIDE,
+    panel_row_4,
+    panel_row_8,
+    panel_rows_4,
+    panel_rows_8,
+    panel_wide_4,
+    panel_wide_8,
+)
 
 LANES = 16  # output rows per panel
 
@@ -132,6 +141,23 @@ def _portable_row(lanes, p, four_bit, off, sub, has_min, sc, mn, xq, xa, xb, t, 
             acc[r] = acc[r] + a * tmp
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _panel_rows(rows, four_bit, args):
+    # kernels/simd.py's kernel for `rows` (1, ROWS or WIDE) activation rows
+    if rows == WIDE and four_bit:
+        panel_wide_4(*args)
+    elif rows == WIDE:
+        panel_wide_8(*args)
+    elif rows == ROWS and four_bit:
+        panel_rows_4(*args)
+    elif rows == ROWS:
+        panel_rows_8(*args)
+    elif four_bit:
+        panel_row_4(*args)
+    else:
+        panel_row_8(*args)
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
     # out[t, col0 + row] for the matrix's n_rows rows (the last panel may hold padding) =
@@ -146,7 +172,7 @@ def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
     step = -(-P // parts)
     for part in prange(parts):
         s16 = np.empty(LANES, np.int32)
-        acc = np.empty(ROWS * LANES, np.float32)
+        acc = np.empty(WIDE * LANES, np.float32)
         sc = np.empty((n_sub, LANES), np.float32)
         mn = np.empty((n_sub, LANES), np.float32)
         for p in range(part * step, min(P, part * step + step)):
@@ -154,7 +180,11 @@ def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
                 panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn)
             t = 0
             while t < n:
-                rows = ROWS if isa != 0 and t + ROWS <= n else 1
+                rows = 1
+                if isa != 0 and t + WIDE <= n:
+                    rows = WIDE
+                elif isa != 0 and t + ROWS <= n:
+                    rows = ROWS
                 if isa == 0:
                     _portable_row(lanes, p, four_bit, off, sub, has_min, sc, mn, xq, xa, xb, t,
                                   s16, acc)  # fmt: skip
@@ -162,14 +192,7 @@ def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
                     args = (isa, lanes, p * panel_bytes, xq, t * K, xa, t * (K // 32), xb,
                             t * (K // 16), d, dm, isc, imn, p * d.shape[1] * LANES,
                             p * isc.shape[1] * LANES, sps, has_min, n_sub, sub, off, acc)  # fmt: skip
-                    if rows == ROWS and four_bit:
-                        panel_rows_4(*args)
-                    elif rows == ROWS:
-                        panel_rows_8(*args)
-                    elif four_bit:
-                        panel_row_4(*args)
-                    else:
-                        panel_row_8(*args)
+                    _panel_rows(rows, four_bit, args)
                 for i in range(rows):
                     for r in range(min(LANES, n_rows - p * LANES)):
                         out[t + i, col0 + p * LANES + r] = acc[i * LANES + r]

@@ -37,10 +37,14 @@ def _splat_f(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
     return b.shuffle_vector(u, u, ir.Constant(vec(I32, 16), [0] * 16))
 
 
-def _scale16(b: ir.IRBuilder, f16s: ir.Value, ints: ir.Value, scaled: ir.Value) -> ir.Value:
-    """fp16 values (at f16s) widened, times int8 ones (at ints) when `scaled` (i1)."""
-    v = b.fpext(b.bitcast(b.load(b.bitcast(f16s, vec(I16, 16).as_pointer()), align=1),
-                          vec(F16, 16)), vec(F32, 16))  # fmt: skip
+def _f16x16(b: ir.IRBuilder, f16s: ir.Value) -> ir.Value:
+    """16 fp16 values (at f16s) widened to float32."""
+    v = b.load(b.bitcast(f16s, vec(I16, 16).as_pointer()), align=1)
+    return b.fpext(b.bitcast(v, vec(F16, 16)), vec(F32, 16))
+
+
+def _times_int8(b: ir.IRBuilder, v: ir.Value, ints: ir.Value, scaled: ir.Value) -> ir.Value:
+    """v times the 16 int8 values at ints when `scaled` (i1), else v."""
     out = cgutils.alloca_once_value(b, v)  # type: ignore[no-untyped-call]
     with b.if_then(scaled):
         i8s = b.load(b.bitcast(ints, vec(I8, 16).as_pointer()), align=1)
@@ -48,12 +52,29 @@ def _scale16(b: ir.IRBuilder, f16s: ir.Value, ints: ir.Value, scaled: ir.Value) 
     return b.load(out)
 
 
+def _scale16(b: ir.IRBuilder, f16s: ir.Value, ints: ir.Value, scaled: ir.Value) -> ir.Value:
+    """fp16 values (at f16s) widened, times int8 ones (at ints) when `scaled` (i1)."""
+    return _times_int8(b, _f16x16(b, f16s), ints, scaled)
+
+
 def _emit_rows(
     b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool, rows: int, r: dict[str, ir.Value]
 ) -> None:
     """out[16 t : 16 t + 16] for `rows` consecutive activation rows t = sum over sub-blocks j
     of xa * (sc * (S - off * B) + mn * B), in that order per lane, float32 mul then add (no
-    fast-math flags, so no FMA contraction). The rows share each weight load and scale."""
+    fast-math flags, so no FMA contraction). The rows share each weight load and scale.
+
+    The sub-block length (16 or 32) is a constant of the code emitted for it, so that a
+    sub-block's groups are straight-line code with constant offsets."""
+    for sub in (16, 32):
+        with b.if_then(b.icmp_unsigned("==", r["sub"], ir.Constant(I64, sub))):
+            _emit_sub_rows(b, isa, int16, four_bit, rows, sub, r)
+
+
+def _emit_sub_rows(
+    b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool, rows: int, sub: int,
+    r: dict[str, ir.Value],
+) -> None:  # fmt: skip
     # one activation row: independent accumulator chains hide the multiply-add latency (4 of
     # 32 zmm registers' worth; 2 of the 16 ymm on the 256-bit paths); several rows already
     # give as many independent chains
@@ -64,44 +85,48 @@ def _emit_rows(
     elem = 2 if int16 else 1
     group_bytes = 32 if int16 else 64
     per_group = (2 if int16 else 4) * (2 if four_bit else 1)  # k values per group
-    gpsub = b.udiv(r["sub"], ir.Constant(I64, per_group))
-    bpsub = b.lshr(r["sub"], ir.Constant(I64, 4))  # activation sums per sub-block
-    two = b.icmp_unsigned("==", bpsub, ir.Constant(I64, 2))
+    gpsub = sub // per_group
+    bpsub = sub // 16  # activation sums per sub-block
     scaled = b.icmp_unsigned(">", r["sps"], ir.Constant(I64, 1))
-    k = b.mul(r["n_sub"], r["sub"])  # activation row length
-    with cgutils.for_range(b, r["n_sub"]) as loop:
-        j = loop.index
-        for em in ems:
-            em.reset()
-        w = b.gep(r["w"], [b.mul(b.mul(j, gpsub), ir.Constant(I64, group_bytes))])
-        xs = [b.gep(r["x"], [b.mul(b.add(b.mul(k, ir.Constant(I64, t)), b.mul(j, r["sub"])),
-                                   ir.Constant(I64, elem))]) for t in range(rows)]  # fmt: skip
-        accumulate_groups(b, list(zip(ems, xs, strict=True)), four_bit, w, gpsub)
-        big_j = b.udiv(j, r["sps"])
-        sc = _scale16(b, b.gep(r["d"], [b.mul(big_j, ir.Constant(I64, 16))]),
-                      b.gep(r["isc"], [b.mul(j, ir.Constant(I64, 16))]), scaled)  # fmt: skip
-        mn = cgutils.alloca_once_value(b, zero)  # type: ignore[no-untyped-call]
+    k = b.mul(r["n_sub"], ir.Constant(I64, sub))  # activation row length
+    c16 = ir.Constant(I64, 16)
+    mn = cgutils.alloca_once_value(b, zero)  # type: ignore[no-untyped-call]
+    # super-blocks, then their sub-blocks: the super-block scales without a division
+    with cgutils.for_range(b, b.udiv(r["n_sub"], r["sps"])) as outer:
+        big_j = outer.index
+        dv = _f16x16(b, b.gep(r["d"], [b.mul(big_j, c16)]))
+        dmv = cgutils.alloca_once_value(b, zero)  # type: ignore[no-untyped-call]
         with b.if_then(r["has_min"]):
-            b.store(_scale16(b, b.gep(r["dm"], [b.mul(big_j, ir.Constant(I64, 16))]),
-                             b.gep(r["imn"], [b.mul(j, ir.Constant(I64, 16))]), scaled), mn)  # fmt: skip
-        for t, (em, acc) in enumerate(zip(ems, accs, strict=True)):
-            xb_t = b.add(
-                b.mul(b.lshr(k, ir.Constant(I64, 4)), ir.Constant(I64, t)), b.mul(j, bpsub)
-            )
-            xb0 = b.load(b.gep(r["xb"], [xb_t]))
-            xb1 = b.load(b.gep(r["xb"], [b.add(xb_t, ir.Constant(I64, 1))]))
-            bsum = b.select(two, b.add(xb0, xb1), xb0)
-            xa_t = b.add(b.mul(b.lshr(k, ir.Constant(I64, 5)), ir.Constant(I64, t)),
-                         b.lshr(b.mul(j, r["sub"]), ir.Constant(I64, 5)))  # fmt: skip
-            a = b.load(b.gep(r["xa"], [xa_t]))
-            offb = _splat_i(b, b.mul(b.trunc(r["off"], I32), bsum))
-            tmp = cgutils.alloca_once_value(
-                b, b.fmul(sc, b.sitofp(b.sub(em.sums(), offb), vec(F32, 16)))
-            )  # type: ignore[no-untyped-call]
+            b.store(_f16x16(b, b.gep(r["dm"], [b.mul(big_j, c16)])), dmv)
+        with cgutils.for_range(b, r["sps"]) as inner:
+            j = b.add(b.mul(big_j, r["sps"]), inner.index)
+            for em in ems:
+                em.reset()
+            w = b.gep(r["w"], [b.mul(j, ir.Constant(I64, gpsub * group_bytes))])
+            xs = [b.gep(r["x"], [b.mul(b.add(b.mul(k, ir.Constant(I64, t)), b.mul(j, ir.Constant(I64, sub))),
+                                       ir.Constant(I64, elem))]) for t in range(rows)]  # fmt: skip
+            accumulate_groups(b, list(zip(ems, xs, strict=True)), four_bit, w, gpsub)
+            sc = _times_int8(b, dv, b.gep(r["isc"], [b.mul(j, c16)]), scaled)
+            b.store(zero, mn)
             with b.if_then(r["has_min"]):
-                fb = _splat_f(b, b.sitofp(bsum, F32))
-                b.store(b.fadd(b.load(tmp), b.fmul(b.load(mn), fb)), tmp)
-            b.store(b.fadd(b.load(acc), b.fmul(_splat_f(b, a), b.load(tmp))), acc)
+                b.store(_times_int8(b, b.load(dmv), b.gep(r["imn"], [b.mul(j, c16)]), scaled), mn)
+            for t, (em, acc) in enumerate(zip(ems, accs, strict=True)):
+                xb_t = b.add(b.mul(b.lshr(k, ir.Constant(I64, 4)), ir.Constant(I64, t)),
+                             b.mul(j, ir.Constant(I64, bpsub)))  # fmt: skip
+                bsum = b.load(b.gep(r["xb"], [xb_t]))
+                if bpsub == 2:
+                    bsum = b.add(bsum, b.load(b.gep(r["xb"], [b.add(xb_t, ir.Constant(I64, 1))])))
+                xa_j = j if sub == 32 else b.lshr(j, ir.Constant(I64, 1))
+                xa_t = b.add(b.mul(b.lshr(k, ir.Constant(I64, 5)), ir.Constant(I64, t)), xa_j)
+                a = b.load(b.gep(r["xa"], [xa_t]))
+                offb = _splat_i(b, b.mul(b.trunc(r["off"], I32), bsum))
+                tmp = cgutils.alloca_once_value(
+                    b, b.fmul(sc, b.sitofp(b.sub(em.sums(), offb), vec(F32, 16)))
+                )  # type: ignore[no-untyped-call]
+                with b.if_then(r["has_min"]):
+                    fb = _splat_f(b, b.sitofp(bsum, F32))
+                    b.store(b.fadd(b.load(tmp), b.fmul(b.load(mn), fb)), tmp)
+                b.store(b.fadd(b.load(acc), b.fmul(_splat_f(b, a), b.load(tmp))), acc)
     for t, acc in enumerate(accs):
         out = b.gep(b.bitcast(r["out"], vec(F32, 16).as_pointer()), [ir.Constant(I64, t)])
         b.store(b.load(acc), out, align=4)
@@ -223,7 +248,9 @@ def _panel_row(four_bit: bool, rows: int) -> Any:
 # xa holds the row's sums per sub-block, xb and isa are unused.
 panel_row_4 = _panel_row(True, 1)
 panel_row_8 = _panel_row(False, 1)
-# the same for ROWS consecutive activation rows (x_off the first's; out[16 t:] for row t)
-ROWS = 4
+# the same for ROWS (WIDE) consecutive activation rows (x_off the first's; out[16 t:] for row t)
+ROWS, WIDE = 4, 8
 panel_rows_4 = _panel_row(True, ROWS)
 panel_rows_8 = _panel_row(False, ROWS)
+panel_wide_4 = _panel_row(True, WIDE)
+panel_wide_8 = _panel_row(False, WIDE)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from enginecore import loader, weights
-from enginecore.kernels import dot, panels, threads
+from enginecore.kernels import dot, panels, simd, threads
 from enginecore.loader import gguf_types
 from enginecore.weights import Numerics, PackedMatrix
 from tests.conftest import TinyModels
@@ -93,11 +93,12 @@ def test_integer_paths_equal_portable_bit_for_bit(
 ) -> None:
     raw, w = blocks(qtype)
     m = PackedMatrix.pack(qtype.name, gguf_types.decode(qtype, raw), numerics)
-    x = RNG.standard_normal((5, COLS)).astype(np.float32) * 3
+    n = simd.WIDE + simd.ROWS + 1  # a block of each row count the kernels take at once
+    x = RNG.standard_normal((n, COLS)).astype(np.float32) * 3
     outs = {}
     for isa in dot.supported():
         monkeypatch.setattr(weights, "ISA", isa)
-        outs[isa] = np.full((5, ROWS), np.nan, np.float32)
+        outs[isa] = np.full((n, ROWS), np.nan, np.float32)
         m.matmul(x, outs[isa])
     for isa, out in outs.items():
         np.testing.assert_array_equal(bits(out), bits(outs[dot.Isa.PORTABLE]), err_msg=isa.name)
