@@ -110,6 +110,22 @@ def test_a_layer_in_one_numba_call_gives_the_unfused_bits(
         same_bits(a, b)
 
 
+@pytest.mark.parametrize("numerics", INTEGER)
+def test_all_layers_in_one_numba_call_give_the_bits_of_a_call_per_layer(
+    tiny: TinyModels, numerics: str
+) -> None:
+    r = runner(tiny, "gguf_q8_0", numerics)
+    assert r.stacked is not None  # one matrix type throughout: one call per step
+    rng = np.random.default_rng(4)
+    chunks = [SeqChunk(PROMPT, 0, list(range(8)), 2)]
+    chunks += [SeqChunk(rng.integers(0, 256, 1).tolist(), 9 + s, list(range(8 + 4 * s, 12 + 4 * s)), 1)
+               for s in range(4)]  # fmt: skip
+    batch = Batch.build(chunks, r.block_size)
+    stacked = r.run(batch)
+    r.stacked = None
+    same_bits(r.run(batch), stacked)
+
+
 def test_exact_mode_keeps_the_unfused_layers(tiny: TinyModels) -> None:
     assert runner(tiny, "gguf_q4_k_m", "exact").weights.panel_layers() is None
 
