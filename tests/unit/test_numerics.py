@@ -156,8 +156,8 @@ def test_a_token_attends_to_the_same_bits_alone_and_among_others() -> None:
 def test_a_prefill_chunk_attends_to_the_same_bits_as_each_of_its_rows_alone(
     window: int, kv: str
 ) -> None:
-    # the kernel attends for a chunk's consecutive rows in tiles that share the K and V rows
-    # they load: a row must not see whether it was in a tile, nor where in it
+    # however the kernel groups a chunk's consecutive rows (they share their K and V rows), a
+    # row must not see whether it was in a group, nor where in it
     rng = np.random.default_rng(1)
     n_heads, n_kv, hd, bs, n_blocks = 9, 3, 64, 4, 48
     k = rng.standard_normal((n_blocks, bs, n_kv, hd), np.float32)
@@ -165,7 +165,7 @@ def test_a_prefill_chunk_attends_to_the_same_bits_as_each_of_its_rows_alone(
     if kv == "f16":
         k, v = (a.astype(np.float16).view(np.uint16) for a in (k, v))
     tables = rng.permutation(n_blocks).astype(np.int32).reshape(1, n_blocks)
-    n = 2 * attention.QUERY_ROWS + 5  # two whole tiles and a part
+    n = 21
     qkv = rng.standard_normal((n, (n_heads + 2 * n_kv) * hd), np.float32)
     positions = np.arange(150, 150 + n, dtype=np.int32)
     seq = np.zeros(n, np.int32)
