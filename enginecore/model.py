@@ -14,7 +14,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-import numba
 import numpy as np
 import numpy.typing as npt
 
@@ -160,7 +159,7 @@ def stack_layers(cfg: ModelConfig, w: Weights, rope: list[tuple[F32, F32]]) -> S
     panel_layers = w.panel_layers()
     if panel_layers is None or cfg.activation != "silu" or not all(lw.plain for lw in w.layers):
         return None
-    if len({numba.typeof(layer) for layer in panel_layers}) != 1:  # type: ignore[no-untyped-call]
+    if not kernel_layer.one_type(panel_layers):
         return None  # the layers mix matrix types: a call per layer
     tables: list[tuple[F32, F32]] = []
     rope_of_layer = np.empty(len(rope), np.int32)
