@@ -89,13 +89,17 @@ def decode_batch(num_seqs: int, step: int, first_block: int) -> Batch:
     return Batch.build(chunks, BLOCK)
 
 
+def prefill_batch(tokens: int, seed: int = 0, start: int = 0, chunk: int = 0) -> Batch:
+    """Positions start..start + chunk - 1 of a `tokens`-long prompt in blocks 0.. (chunk 0:
+    all of it); the last row is sampled when the chunk ends the prompt."""
+    chunk = chunk or tokens
+    ids = [(i * 13 + seed) % 40000 + 100 for i in range(start, start + chunk)]
+    table = list(range(-(-tokens // BLOCK)))
+    return Batch.build([SeqChunk(ids, start, table, int(start + chunk >= tokens))], BLOCK)
+
+
 def prefill_calls(runner: ModelRunner, chunk: int) -> Callable[[], None]:
-    ids = [(i * 13) % 40000 + 100 for i in range(512)]
-    table = list(range(FIRST_BLOCK))
-    batches = [
-        Batch.build([SeqChunk(ids[a : a + chunk], a, table, int(a + chunk >= 512))], BLOCK)
-        for a in range(0, 512, chunk)
-    ]
+    batches = [prefill_batch(512, 0, a, chunk) for a in range(0, 512, chunk)]
 
     def run() -> None:
         for b in batches:

@@ -2,17 +2,20 @@
 Python -> numba calls of one forward step.
 
     python -m bench.profile [--concurrency 64] [--seconds 12]   (py-spy: pip install -e '.[bench]')
-    python -m bench.profile --step [--rows 1] [--numerics int16] [--model PATH]
+    python -m bench.profile --step [--rows 1 | --prefill 512] [--numerics int16] [--model PATH]
 
 Starts a core on the bundled model (bench.engine.Core), keeps `concurrency` greedy requests of
 128 tokens running, records the core with py-spy for `seconds`, and prints the share of samples
 per source line, self and inclusive, for the core's own code.
 
-`--step` runs decode steps of `rows` sequences (bench.model's contexts) in this process and
-prints the step time, every numba kernel called from Python per step (calls, time per step and
-per call, found by wrapping the kernel modules' dispatchers), the Python time between them, and
-what one call costs with no work: numba's dispatch of a matmul's arguments, and a parallel
-region on top.
+`--step` runs decode steps of `rows` sequences (bench.model's contexts), or with `--prefill N`
+steps that prefill an N-token prompt, in this process and prints the step time, every numba
+kernel called from Python per step (calls, time per step and per call, found by wrapping the
+kernel modules' dispatchers), the Python time between them, and what one call costs with no
+work: numba's dispatch of a matmul's arguments, and a parallel region on top. An integer model
+runs a layer as one numba call (kernels/layer.py); the same kernels are then timed once more
+through the unfused pass, one call each, and their time split into matmuls, attention, RoPE
+and the KV store, norms, activation and the embedding.
 """
 
 from __future__ import annotations
@@ -34,15 +37,35 @@ import numpy as np
 from numba.core.registry import CPUDispatcher
 
 from bench.engine import Core, random_prompts
-from bench.model import BLOCK, FIRST_BLOCK, SEQ_BLOCKS, decode_batch
+from bench.model import BLOCK, FIRST_BLOCK, SEQ_BLOCKS, decode_batch, prefill_batch
 from bench.models import resolve
 from enginecore.kernels import attention, dequant, gemm, layer, ops, panels
 from enginecore.model_runner import ModelRunner
-from enginecore.weights import PackedMatrix
+from enginecore.weights import PackedMatrix, Weights
 from shared.config import BUNDLED_MODEL, EngineConfig
 from shared.protocol import SamplingParams
 
 KERNEL_MODULES = (attention, dequant, gemm, layer, ops, panels)
+
+# the part of a layer (or step) each kernel does, for the split of the unfused pass
+PARTS = {
+    "attention.paged_attention": "attention",
+    "attention.chunk_attention": "attention",
+    "attention.store_kv": "RoPE + KV store",
+    "ops.rope": "RoPE + KV store",
+    "ops.rope_parallel": "RoPE + KV store",
+    "ops.rmsnorm": "norms",
+    "ops.head_rmsnorm": "norms",
+    "ops.add_rmsnorm": "norms",
+    "ops.add_rmsnorm_parallel": "norms",
+    "ops.add_inplace": "norms",
+    "ops.silu_mul": "activation",
+    "ops.silu_mul_parallel": "activation",
+    "ops.gelu_mul": "activation",
+    "ops.gelu_mul_parallel": "activation",
+    "dequant.dequantize_rows": "embedding",
+    "ops.gather_rows_f32": "embedding",
+}
 
 
 def summarize(raw: Path, top: int) -> None:
@@ -89,28 +112,9 @@ def _empty_region(x: Any, fmt: Any, out: Any, col0: int, n_rows: int, parts: int
     return int(done.sum())
 
 
-def step_profile(model: str, numerics: str, rows: int, steps: int) -> None:
-    runner = ModelRunner.from_path(
-        resolve(model), BLOCK, FIRST_BLOCK + 64 * SEQ_BLOCKS, 0, 2048, numerics
-    )
-    runner.warmup()
-    batches = [decode_batch(rows, s, FIRST_BLOCK) for s in range(steps)]
-
-    def run_all() -> float:
-        t = time.perf_counter()
-        for b in batches:
-            runner.run(b)
-        return (time.perf_counter() - t) / steps
-
-    run_all()
-    times = []
-    for b in batches:
-        t = time.perf_counter()
-        runner.run(b)
-        times.append(time.perf_counter() - t)
-    times.sort()
-    print(f"{resolve(model).name}, numerics {numerics}, decode B={rows}, {steps} steps: "
-          f"best {times[0] * 1e3:.3f} ms, median {times[len(times) // 2] * 1e3:.3f} ms")  # fmt: skip
+def count_kernels(run: Callable[[], float]) -> tuple[float, Counter[str], Counter[str]]:
+    """run() (seconds per step) with every kernel dispatcher wrapped: (its result, calls per
+    kernel, seconds per kernel), both over all steps."""
     calls, spent = Counter[str](), Counter[str]()
     saved: list[tuple[Any, str, Any]] = []
 
@@ -131,10 +135,14 @@ def step_profile(model: str, numerics: str, rows: int, steps: int) -> None:
                 saved.append((mod, name, fn))
                 setattr(mod, name, counting(f"{mod.__name__.rsplit('.', 1)[1]}.{name}", fn))
     try:
-        wall = run_all()
+        wall = run()
     finally:
         for mod, name, fn in saved:
             setattr(mod, name, fn)
+    return wall, calls, spent
+
+
+def print_kernels(wall: float, calls: Counter[str], spent: Counter[str], steps: int) -> None:
     inside = sum(spent.values()) / steps
     print(f"with counting wrappers: {wall * 1e3:.3f} ms per step, "
           f"{sum(calls.values()) / steps:.0f} numba calls per step")  # fmt: skip
@@ -142,6 +150,59 @@ def step_profile(model: str, numerics: str, rows: int, steps: int) -> None:
         print(f"  {name:<28} {calls[name] / steps:6.0f} calls  {t / steps * 1e3:7.3f} ms/step  "
               f"{t / calls[name] * 1e6:8.1f} us/call")  # fmt: skip
     print(f"  Python between the calls     {(wall - inside) * 1e3:7.3f} ms/step")
+
+
+def print_split(wall: float, spent: Counter[str], steps: int) -> None:
+    """The unfused step's time by part of the layer; every other kernel is a matmul's."""
+    parts = Counter[str]()
+    for name, t in spent.items():
+        parts[PARTS.get(name, "matmuls (and lm_head)")] += t / steps
+    parts["Python between the calls"] = wall - sum(parts.values())
+    print(f"split of the unfused step ({wall * 1e3:.3f} ms):")
+    for part, t in parts.most_common():
+        print(f"  {part:<28} {t * 1e3:8.3f} ms  {100 * t / wall:5.1f}%")
+
+
+def step_profile(model: str, numerics: str, rows: int, prefill: int, steps: int) -> None:
+    runner = ModelRunner.from_path(
+        resolve(model), BLOCK, FIRST_BLOCK + 64 * SEQ_BLOCKS, 0, 2048, numerics
+    )
+    runner.warmup()
+    if prefill:
+        batches = [prefill_batch(prefill, s) for s in range(steps)]
+        what = f"prefill {prefill}"
+    else:
+        batches = [decode_batch(rows, s, FIRST_BLOCK) for s in range(steps)]
+        what = f"decode B={rows}"
+
+    def run_all() -> float:
+        t = time.perf_counter()
+        for b in batches:
+            runner.run(b)
+        return (time.perf_counter() - t) / steps
+
+    run_all()
+    times = []
+    for b in batches:
+        t = time.perf_counter()
+        runner.run(b)
+        times.append(time.perf_counter() - t)
+    times.sort()
+    print(f"{resolve(model).name}, numerics {numerics}, {what}, {steps} steps: "
+          f"best {times[0] * 1e3:.3f} ms, median {times[len(times) // 2] * 1e3:.3f} ms")  # fmt: skip
+    wall, calls, spent = count_kernels(run_all)
+    print_kernels(wall, calls, spent, steps)
+    if runner.weights.panel_layers() is not None:
+        fused = Weights.panel_layers
+        Weights.panel_layers = lambda self: None  # type: ignore[method-assign]
+        try:
+            run_all()  # compiles the unfused pass's signatures
+            wall, calls, spent = count_kernels(run_all)
+        finally:
+            Weights.panel_layers = fused  # type: ignore[method-assign]
+        print("the same steps unfused, one call per kernel:")
+        print_kernels(wall, calls, spent, steps)
+    print_split(wall, spent, steps)
     m = next(
         m for m in (runner.weights.embed, runner.weights.lm_head) if isinstance(m, PackedMatrix)
     )
@@ -160,14 +221,20 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--step", action="store_true", help="profile forward steps instead")
     parser.add_argument("--rows", type=int, default=1, help="--step: sequences per step")
-    parser.add_argument("--steps", type=int, default=50, help="--step: steps timed")
+    parser.add_argument(
+        "--prefill", type=int, default=0, help="--step: steps prefill a prompt of this length"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=0, help="--step: steps timed (default 50, 5 of a prefill)"
+    )
     parser.add_argument("--numerics", default=EngineConfig().numerics, help="--step")
     parser.add_argument(
         "--model", default=BUNDLED_MODEL, help="--step: a path or bench.models name"
     )
     args = parser.parse_args()
     if args.step:
-        step_profile(args.model, args.numerics, args.rows, args.steps)
+        steps = args.steps or (5 if args.prefill else 50)
+        step_profile(args.model, args.numerics, args.rows, args.prefill, steps)
         return
     # the venv's bin is not on PATH when the bench runs as .venv/bin/python -m bench.profile
     spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))

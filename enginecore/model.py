@@ -139,6 +139,47 @@ class KVCache:
         return KVCache(k, v)
 
 
+@dataclass(frozen=True, slots=True)
+class StackedLayers:
+    """The per-layer arguments of kernels/layer.py's int_layers, stacked once at load: every
+    layer a plain Llama layer whose matrices have the same types (so that one compiled loop
+    runs them all)."""
+
+    weights: tuple[tuple[Any, ...], ...]  # per layer (wqkv, wo, w_gate_up, w_down) panel parts
+    ffn_norms: F32  # (n_layers, d)
+    next_norms: F32  # (n_layers, d): the next layer's attention norm (the last: unused)
+    cos: F32  # (n_ropes, max_pos, head_dim // 2)
+    sin: F32
+    rope_of_layer: I32  # (n_layers,)
+    windows: npt.NDArray[np.int64]  # (n_layers,)
+
+
+def stack_layers(cfg: ModelConfig, w: Weights, rope: list[tuple[F32, F32]]) -> StackedLayers | None:
+    """The layers stacked for one call per step, or None when they cannot run so."""
+    panel_layers = w.panel_layers()
+    if panel_layers is None or cfg.activation != "silu" or not all(lw.plain for lw in w.layers):
+        return None
+    if not kernel_layer.one_type(panel_layers):
+        return None  # the layers mix matrix types: a call per layer
+    tables: list[tuple[F32, F32]] = []
+    rope_of_layer = np.empty(len(rope), np.int32)
+    for layer, (cos, sin) in enumerate(rope):
+        known = [i for i, t in enumerate(tables) if t[0] is cos]
+        rope_of_layer[layer] = known[0] if known else len(tables)
+        if not known:
+            tables.append((cos, sin))
+    norms = [lw.attn_norm for lw in w.layers[1:]] + [w.layers[-1].ffn_norm]
+    return StackedLayers(
+        tuple(panel_layers),
+        np.stack([lw.ffn_norm for lw in w.layers]),
+        np.stack(norms),
+        np.stack([c for c, _ in tables]),
+        np.stack([s for _, s in tables]),
+        rope_of_layer,
+        np.asarray(cfg.layer_window, np.int64),
+    )
+
+
 def forward(
     cfg: ModelConfig,
     w: Weights,
@@ -151,6 +192,7 @@ def forward(
     slot_mapping: I32,  # (n,)
     sample_rows: I32,  # (r,) rows of the batch whose next token is wanted
     return_hidden: bool = False,
+    stacked: StackedLayers | None = None,  # stack_layers(cfg, w, rope)
 ) -> F32:
     """Logits (r, vocab), or the final-normed hidden states (r, d) when return_hidden."""
     n = token_ids.shape[0]
@@ -164,7 +206,7 @@ def forward(
     with threads.limited(1) if blas and not gemm.AVAILABLE else nullcontext():
         return _forward(
             cfg, w, cache, rope, token_ids, positions, seq_of_token, block_tables,
-            slot_mapping, sample_rows, return_hidden, blas,
+            slot_mapping, sample_rows, return_hidden, blas, stacked,
         )  # fmt: skip
 
 
@@ -181,6 +223,7 @@ def _forward(
     sample_rows: I32,
     return_hidden: bool,
     blas: bool,
+    stacked: StackedLayers | None,
 ) -> F32:
     n, d, eps = token_ids.shape[0], cfg.hidden_size, cfg.rms_eps
     x = np.empty((n, d), np.float32)  # residual stream
@@ -205,10 +248,19 @@ def _forward(
     if cfg.embed_scale != 1.0:
         x *= np.float32(cfg.embed_scale)
     ops.rmsnorm(x, w.layers[0].attn_norm, eps, h)
-    # integer numerics: each layer below is one numba call running the same kernels
+    # integer numerics: each layer below is one numba call running the same kernels, or all
+    # of them one call when they are stacked
     panel_layers = w.panel_layers()
     kind, qmax = weights.ACTIVATIONS.get(w.numerics, (None, 0))
-    for layer, lw in enumerate(w.layers):
+    if stacked is not None and panel_layers is not None:
+        kernel_layer.int_layers(
+            x, h, qkv, att, proj, gate_up, act, positions, stacked.cos, stacked.sin,
+            stacked.rope_of_layer, slot_mapping, plan.kernel_tokens, seq_of_token, block_tables,
+            cache.k, cache.v, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps,
+            stacked.ffn_norms, stacked.next_norms, stacked.weights, kind, qmax, int(weights.ISA),
+            threads.count(), stacked.windows, cfg.query_scale,
+        )  # fmt: skip
+    for layer, lw in enumerate(w.layers if stacked is None or panel_layers is None else ()):
         last = layer + 1 == len(w.layers)
         cos, sin = rope[layer]
         if panel_layers is not None and cfg.activation == "silu" and lw.plain:

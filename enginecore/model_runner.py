@@ -18,6 +18,7 @@ from enginecore.model import (
     ModelConfig,
     forward,
     rope_tables,
+    stack_layers,
 )  # fmt: skip
 from enginecore.weights import EXACT_STREAM_MAX_ROWS, F32, Numerics, Weights
 
@@ -46,6 +47,7 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.cache = KVCache.allocate(cfg, num_blocks, block_size, kv_cache_dtype)
         self.rope = rope_tables(cfg, max_model_len)
+        self.stacked = stack_layers(cfg, weights, self.rope)
 
     @staticmethod
     def from_path(
@@ -74,7 +76,7 @@ class ModelRunner:
         return forward(
             self.cfg, self.weights, self.cache, self.rope,
             batch.token_ids, batch.positions, batch.seq_of_token,
-            batch.block_tables, batch.slot_mapping, batch.sample_rows, return_hidden,
+            batch.block_tables, batch.slot_mapping, batch.sample_rows, return_hidden, self.stacked,
         )  # fmt: skip
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:

@@ -8,8 +8,14 @@ unfused pass (and stays batch-invariant): only the dispatch between the kernels 
 
 A matrix is a tuple of parts, each (fmt, n_rows) (kernels/panels.py's format); a fused
 matrix of several GGUF types has one part per type, stacked along the output columns.
+
+When every layer's matrices have the same types, int_layers runs all the layers in one call:
+a decode step's 30 calls cost ~0.6 ms of Python and argument unboxing at batch 1.
 """
 
+from typing import Any
+
+import numba
 import numpy as np
 from numba import njit
 
@@ -61,3 +67,30 @@ def int_layer(
         ops.add_inplace(x, proj)
     else:
         ops.add_rmsnorm(x, proj, next_norm, eps, h)
+
+
+def one_type(layers: list[tuple[Any, ...]]) -> bool:
+    """True when every layer's arguments have the same numba type (int_layers can take them)."""
+    return len({numba.typeof(layer) for layer in layers}) == 1  # type: ignore[no-untyped-call]
+
+
+@njit(cache=True, nogil=True)
+def int_layers(
+    x, h, qkv, att, proj, gate_up, act, positions, cos, sin, rope_of_layer, slot_mapping,
+    tokens, seq_of_token, block_tables, k_cache, v_cache, n_heads, n_kv_heads, head_dim, eps,
+    ffn_norms, next_norms, layers, kind, qmax, isa, workers, windows, scale,
+):  # fmt: skip
+    # every layer in one call: layer l is int_layer with its rows of the stacked per-layer
+    # arrays (cos, sin (n_ropes, max_pos, head_dim // 2) picked by rope_of_layer; the caches
+    # (n_layers, ...); ffn_norms, next_norms (n_layers, d); windows (n_layers,)) and its
+    # weights layers[l] = (wqkv, wo, w_gate_up, w_down), so the same compiled layer runs
+    n_layers = len(layers)
+    for layer in range(n_layers):
+        wqkv, wo, w_gate_up, w_down = layers[layer]
+        r = rope_of_layer[layer]
+        int_layer(
+            x, h, qkv, att, proj, gate_up, act, positions, cos[r], sin[r], slot_mapping, tokens,
+            seq_of_token, block_tables, k_cache[layer], v_cache[layer], n_heads, n_kv_heads,
+            head_dim, eps, ffn_norms[layer], next_norms[layer], layer + 1 == n_layers, wqkv, wo,
+            w_gate_up, w_down, kind, qmax, isa, workers, windows[layer], scale,
+        )  # fmt: skip

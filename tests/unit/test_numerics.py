@@ -110,6 +110,22 @@ def test_a_layer_in_one_numba_call_gives_the_unfused_bits(
         same_bits(a, b)
 
 
+@pytest.mark.parametrize("numerics", INTEGER)
+def test_all_layers_in_one_numba_call_give_the_bits_of_a_call_per_layer(
+    tiny: TinyModels, numerics: str
+) -> None:
+    r = runner(tiny, "gguf_q8_0", numerics)
+    assert r.stacked is not None  # one matrix type throughout: one call per step
+    rng = np.random.default_rng(4)
+    chunks = [SeqChunk(PROMPT, 0, list(range(8)), 2)]
+    chunks += [SeqChunk(rng.integers(0, 256, 1).tolist(), 9 + s, list(range(8 + 4 * s, 12 + 4 * s)), 1)
+               for s in range(4)]  # fmt: skip
+    batch = Batch.build(chunks, r.block_size)
+    stacked = r.run(batch)
+    r.stacked = None
+    same_bits(r.run(batch), stacked)
+
+
 def test_exact_mode_keeps_the_unfused_layers(tiny: TinyModels) -> None:
     assert runner(tiny, "gguf_q4_k_m", "exact").weights.panel_layers() is None
 
@@ -133,6 +149,46 @@ def test_a_token_attends_to_the_same_bits_alone_and_among_others() -> None:
         outs.append(out)
     same_bits(outs[0], outs[2][:1])
     same_bits(outs[1], outs[2][:2])
+
+
+@pytest.mark.parametrize("kv", ["f32", "f16"])
+@pytest.mark.parametrize("window", [0, 7])
+def test_a_prefill_chunk_attends_to_the_same_bits_as_each_of_its_rows_alone(
+    window: int, kv: str
+) -> None:
+    # however the kernel groups a chunk's consecutive rows (they share their K and V rows), a
+    # row must not see whether it was in a group, nor where in it
+    rng = np.random.default_rng(1)
+    n_heads, n_kv, hd, bs, n_blocks = 9, 3, 64, 4, 48
+    k = rng.standard_normal((n_blocks, bs, n_kv, hd), np.float32)
+    v = rng.standard_normal((n_blocks, bs, n_kv, hd), np.float32)
+    if kv == "f16":
+        k, v = (a.astype(np.float16).view(np.uint16) for a in (k, v))
+    tables = rng.permutation(n_blocks).astype(np.int32).reshape(1, n_blocks)
+    n = 21
+    qkv = rng.standard_normal((n, (n_heads + 2 * n_kv) * hd), np.float32)
+    positions = np.arange(150, 150 + n, dtype=np.int32)
+    seq = np.zeros(n, np.int32)
+    chunk = np.zeros((n, n_heads * hd), np.float32)
+    attention.attend(qkv, attention.plan(seq, None), seq, positions, tables, k, v, n_heads,
+                     chunk, window)  # fmt: skip
+    for t in range(n):
+        alone = np.zeros((1, n_heads * hd), np.float32)
+        one = seq[t : t + 1]
+        attention.attend(qkv[t : t + 1], attention.plan(one, None), one, positions[t : t + 1],
+                         tables, k, v, n_heads, alone, window)  # fmt: skip
+        same_bits(alone[0], chunk[t])
+    # and it is attention: row t's softmax over its visible keys, against float64
+    kf, vf = (a.view(np.float16).astype(np.float32) if kv == "f16" else a for a in (k, v))
+    keys = kf[tables[0]].reshape(-1, n_kv, hd).astype(np.float64)
+    values = vf[tables[0]].reshape(-1, n_kv, hd).astype(np.float64)
+    t, h = n - 1, 4
+    p = positions[t]
+    lo = max(p + 1 - window, 0) if window else 0
+    s = keys[lo : p + 1, h // 3] @ qkv[t, h * hd : (h + 1) * hd].astype(np.float64) / 8.0
+    e = np.exp(s - s.max())
+    ref = (e / e.sum()) @ values[lo : p + 1, h // 3]
+    np.testing.assert_allclose(chunk[t, h * hd : (h + 1) * hd], ref, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("numerics", ["exact", *INTEGER])
