@@ -23,8 +23,10 @@ from enginecore.kernels.simd import panel_row_4, panel_row_8
 
 F32 = ir.FloatType()
 V16 = vec(F32, 16)
-# Exact mode, many rows: the fp32 tile of weights one sgemm call multiplies, at most (bytes)
-TILE_BYTES = 512 * 1024
+# Exact mode, many rows: the fp32 tile of weights one sgemm call multiplies, at most (bytes;
+# 64 KB to 2 MB measured on the bundled model at 16-64 rows: 64-512 KB within noise, larger
+# slower, and a tile of one panel (a matrix of K >= 1024 at 64 KB) was slow at 64 rows)
+TILE_BYTES = 256 * 1024
 
 
 @njit(cache=True, nogil=True)
