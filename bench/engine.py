@@ -11,7 +11,8 @@ Prints, on the bundled model:
   4. llama.cpp's `llama-batched-bench` on the same GGUF and load (B = the levels, prompts of
      --prompt-len tokens, --out-tokens generated), when `python -m bench.llamacpp build` ran;
   5. what grammars cost: 64 concurrent `json_object` requests beside the same 64 requests
-     unconstrained, each made as long as its constrained twin (so both runs batch alike).
+     unconstrained, each made as long as its constrained twin (so both runs batch alike),
+     and what the grammar code costs a step whose rows are all unconstrained.
 
     python -m bench.engine [--levels 1,4,16,64] [--prompt-len 32]
                            [--only throughput,llama,grammar,prefix,lookup] [--out bench/out/engine.json]
@@ -31,11 +32,14 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import zmq
 
 from bench.llama_bench import batched_bench_lines
+from enginecore.logits_mask import LogitsMasker
+from enginecore.sampler import RowInfo, SampleSeq
 from frontend.text.chat_template import ChatTemplate
 from shared.config import BUNDLED_MODEL, EngineConfig
 from shared.grammar import json_object_grammar
@@ -257,11 +261,31 @@ def grammar_overhead(core: Core, concurrency: int, out_tokens: int) -> dict[str,
            "unconstrained_tokens_per_s": sum(lengths) / free_s,
            "mask_ms_per_step": 1000 * mask_s / max(steps, 1)}  # fmt: skip
     row["ratio"] = row["json_object_tokens_per_s"] / row["unconstrained_tokens_per_s"]
+    # what an unconstrained step runs of the grammar code: the masker's look at each sequence
+    row["unconstrained_check_us_per_step"] = unconstrained_check_us(core, concurrency)
+    row["unconstrained_ms_per_step"] = 1000 * free_s / max(lengths)
     print(f"  {concurrency} json_object streams: {row['json_object_tokens_per_s']:7.1f} tok/s, "
           f"the same {concurrency} unconstrained (same lengths, {sum(lengths)} tokens): "
           f"{row['unconstrained_tokens_per_s']:7.1f} tok/s, ratio {row['ratio']:.3f}; "
           f"mask {row['mask_ms_per_step']:.2f} ms per step")  # fmt: skip
+    print(f"  {concurrency} unconstrained rows: the grammar check costs "
+          f"{row['unconstrained_check_us_per_step']:.2f} us per step beside a "
+          f"step of {row['unconstrained_ms_per_step']:.1f} ms")  # fmt: skip
     return row
+
+
+def unconstrained_check_us(core: Core, concurrency: int) -> float:
+    """Best time of LogitsMasker.apply on `concurrency` unconstrained sequences (the grammar
+    code every step runs; a sequence's other grammar tests are one `is None` each)."""
+    masker = LogitsMasker(core.welcome.vocab_size)
+    logits = np.zeros((concurrency, core.welcome.vocab_size), np.float32)
+    seqs = [SampleSeq(cast(RowInfo, None), 1, []) for _ in range(concurrency)]
+    best = float("inf")
+    for _ in range(2000):
+        t0 = time.perf_counter()
+        masker.apply(logits, seqs)
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e6
 
 
 def _throughput(
