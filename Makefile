@@ -1,9 +1,8 @@
 # tl-serve: `make serve` sets up and serves the bundled model; `make check` sets up and runs every check.
 PY ?= .venv/bin/python
-# numba's on-disk cache checks only the stamp of a function's own file, never of the kernels it
-# calls in other files: one folder per content of the kernels, so an edit never loads stale code
-KERNELS_HASH := $(shell cat enginecore/kernels/*.py | sha1sum | cut -c1-12)
-export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba/$(KERNELS_HASH)
+
+# numba's cache; enginecore/kernels adds one subfolder per content of the kernels
+export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 export PYTHONDONTWRITEBYTECODE = 1
 
 .PHONY: setup install model testdata gateway fmt lint type test test-all check serve bench

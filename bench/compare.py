@@ -5,7 +5,8 @@
 Three phases, each runnable alone (`--phases`), every one a fresh start of each server:
 
 - levels: the same tl-bench load (chat, streaming, 128 output tokens, temperature 0, a unique
-  prompt per request) at concurrency 1, 4, 16 and 64 against tl-serve, llama-server
+  prompt per request) at concurrency 1, 4, 16 and 64 against tl-serve (in its default numerics;
+  `--other-numerics int8,exact` adds a run per other mode), llama-server
   (`-t 2 -np 64 -c 64 x --ctx-per-slot`; tl-serve gets a KV cache of the same capacity in
   tokens) and, when its venv exists, llama-cpp-python's server;
 - overload: 64 clients against 16 running requests (tl-serve: max_num_seqs 16, queue 8, 429
@@ -54,6 +55,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--llama-server", type=Path, help="default: the bench.llamacpp build's")
     p.add_argument("--ctx-per-slot", type=int, default=1024, help="llama-server -c = -np x this")
     p.add_argument("--no-llama-cpp-python", action="store_true")
+    p.add_argument(
+        "--other-numerics",
+        default="",
+        help="levels: tl-serve again in these numerics too (e.g. int8,exact), beside the default",
+    )
     p.add_argument("--wait-load", type=float, default=0.7, help="1-min loadavg before a server")
     p.add_argument(
         "--wait-others", type=float, default=0.15, help="others' cores to wait for before a level"
@@ -134,6 +140,13 @@ def levels_phase(args: argparse.Namespace, model: Path, out: Path, binary: Path)
     except RuntimeError as e:  # it refuses the model (a weight type it does not serve, say)
         log = tl.log_path.read_text(errors="replace").strip().splitlines()[-3:]
         runs.append({"label": tl.label, "error": f"{e}; its log ends: {' | '.join(log)}"})
+    for numerics in filter(None, args.other_numerics.split(",")):
+        wait_quiet(args.wait_load)
+        label = f"tl-serve numerics={numerics}"
+        with tl_serve(
+            out, label, model_dir=str(model), num_kv_blocks=blocks, numerics=numerics
+        ) as server:
+            runs += run_levels(server, args, {}, out)
     wait_quiet(args.wait_load)
     label = f"llama-server -np {SLOTS}"
     with llama_server(binary, out, model, SLOTS, args.ctx_per_slot, label=label) as server:
