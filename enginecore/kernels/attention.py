@@ -1,7 +1,9 @@
 """Paged attention over a flattened varlen batch: prefill chunks and decodes in one call.
 
-KV cache of one layer: k_cache, v_cache (n_blocks, block_size, n_kv_heads, head_dim) float32,
-or uint16 holding fp16 bits (kv_cache_dtype = "f16": half the bytes every decode streams).
+KV cache of one layer, float32 or uint16 holding fp16 bits (kv_cache_dtype = "f16": half the
+bytes every decode streams): k_cache (n_blocks, n_kv_heads, head_dim, block_size), each block's
+keys transposed so that a vector holds 16 positions (kernels/attention_simd.py), and v_cache
+(n_blocks, block_size, n_kv_heads, head_dim).
 A token's cache slot is block_table[pos // block_size] * block_size + pos % block_size.
 A sliding-window layer (window > 0) lets the token at position p see positions
 p - window + 1 .. p only; the query scale is the model's (1 / sqrt(head_dim) for most).
@@ -18,6 +20,7 @@ import itertools
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import numba
 import numpy as np
@@ -25,7 +28,17 @@ import numpy.typing as npt
 from numba import njit, prange
 
 from enginecore.kernels import gemm, threads
-from enginecore.kernels.f16 import kv_load, kv_store
+from enginecore.kernels.attention_simd import (
+    LANES,
+    PV_HEADS,
+    PV_VECS,
+    QK_HEADS,
+    pv_scalar,
+    pv_tile,
+    qk_scalar,
+    qk_tile,
+)
+from enginecore.kernels.f16 import kv_store
 from enginecore.kernels.ops import fast_exp
 
 # Query tokens per GEMM tile of the BLAS path: smaller tiles skip more of the causal upper
@@ -38,8 +51,7 @@ SERIAL_BELOW_TOKENS = 3
 @njit(cache=True, nogil=True)
 def store_kv(qkv, slot_mapping, q_dim, kv_dim, k_cache, v_cache):
     # qkv (n, q_dim + 2 * kv_dim) = [q | k | v]; slot_mapping (n,) int32
-    n_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    block_size = k_cache.shape[1]
+    n_kv_heads, head_dim, block_size = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     for t in range(qkv.shape[0]):
         slot = slot_mapping[t]
         blk = slot // block_size
@@ -48,7 +60,7 @@ def store_kv(qkv, slot_mapping, q_dim, kv_dim, k_cache, v_cache):
             for i in range(head_dim):
                 k = qkv[t, q_dim + h * head_dim + i]
                 v = qkv[t, q_dim + kv_dim + h * head_dim + i]
-                k_cache[blk, off, h, i] = kv_store(k, k_cache[0, 0, 0, 0])
+                k_cache[blk, h, i, off] = kv_store(k, k_cache[0, 0, 0, 0])
                 v_cache[blk, off, h, i] = kv_store(v, v_cache[0, 0, 0, 0])
 
 
@@ -74,33 +86,48 @@ def _first_visible(pos, window):
     return max(pos + 1 - window, 0) if window > 0 else 0
 
 
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
-def _scores(q, k_cache, table, lo, ctx, group, sc):
-    # sc[h, p] = q[h] . k[p] for positions lo..ctx-1 of one sequence; q (n_heads, head_dim)
-    block_size, n_kv, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    for p in range(lo, ctx):
-        krows = k_cache[table[p // block_size], p % block_size]
+@njit(cache=True, nogil=True, inline="always")
+def _scores(qf, q0, kf, table, lo, ctx, n_kv, group, head_dim, bs, sf, s0, span):
+    # sf[s0 + h span + p] = q[h] . k[p] for the blocks of positions lo..ctx-1 (whole 16-lane
+    # pieces: a few past ctx too); q[h] at qf[q0 + h head_dim:]; kf the flat K cache
+    per_block = n_kv * head_dim * bs
+    for b in range(lo // bs, -(-ctx // bs)):
+        used = min(bs, ctx - b * bs)
         for kvh in range(n_kv):
-            for g in range(group):
-                h = kvh * group + g
-                d = np.float32(0.0)
-                for i in range(head_dim):
-                    d += q[h, i] * kv_load(krows[kvh, i])
-                sc[h, p] = d
+            k0 = table[b] * per_block + kvh * head_dim * bs
+            for g0 in range(0, group, QK_HEADS):
+                heads = min(QK_HEADS, group - g0)
+                h = kvh * group + g0
+                q_at, s_at = q0 + h * head_dim, s0 + h * span + b * bs
+                if bs < LANES:
+                    qk_scalar(qf, q_at, head_dim, kf, k0, bs, head_dim, sf, s_at, span, heads, bs)
+                    continue
+                for p0 in range(0, used, 2 * LANES):
+                    nv = 2 if used - p0 > LANES else 1
+                    qk_tile(qf, q_at, head_dim, kf, k0 + p0, bs, head_dim, sf, s_at + p0, span,
+                            heads, nv)  # fmt: skip
 
 
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
-def _weighted_values(sc, v_cache, table, lo, ctx, group, a):
-    # a[h] += sum_p sc[h, p] v[p] over positions lo..ctx-1 of one sequence
-    block_size, n_kv, head_dim = v_cache.shape[1], v_cache.shape[2], v_cache.shape[3]
-    for p in range(lo, ctx):
-        vrows = v_cache[table[p // block_size], p % block_size]
+@njit(cache=True, nogil=True, inline="always")
+def _weighted_values(sf, s0, span, vf, table, lo, ctx, n_kv, group, head_dim, bs, af, a0):
+    # af[a0 + h head_dim + d] += sum over p in lo..ctx-1, in order, of s[h, p] v[p, d]
+    row = n_kv * head_dim  # a position's V rows of all kv heads
+    for b in range(lo // bs, -(-ctx // bs)):
+        j0, j1 = max(lo - b * bs, 0), min(ctx - b * bs, bs)
         for kvh in range(n_kv):
-            for g in range(group):
-                h = kvh * group + g
-                w = sc[h, p]
-                for i in range(head_dim):
-                    a[h, i] += w * kv_load(vrows[kvh, i])
+            v0 = (table[b] * bs + j0) * row + kvh * head_dim
+            for g0 in range(0, group, PV_HEADS):
+                heads = min(PV_HEADS, group - g0)
+                h = kvh * group + g0
+                w_at, a_at = s0 + h * span + b * bs + j0, a0 + h * head_dim
+                if head_dim % LANES:
+                    pv_scalar(sf, w_at, span, vf, v0, row, j1 - j0, af, a_at, head_dim, heads,
+                              head_dim)  # fmt: skip
+                    continue
+                for d0 in range(0, head_dim, LANES * PV_VECS):
+                    nv = min(PV_VECS, (head_dim - d0) // LANES)
+                    pv_tile(sf, w_at, span, vf, v0 + d0, row, j1 - j0, af, a_at + d0, head_dim,
+                            heads, nv)  # fmt: skip
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
@@ -112,37 +139,42 @@ def paged_attention(
     # rows to attend for; seq_of_token (n,) int32: row of block_tables for each token;
     # positions (n,) int32: token t attends to 0..positions[t] (the last `window` of them when
     # window > 0); out (n, n_heads * head_dim); scale: of q.k before the softmax
-    # One item per token, all heads: a position's K (and V) rows of every kv head sit together
+    # One item per token, all heads: a block's K (and V) rows of every kv head sit together
     # in the cache, so an item streams each block as one contiguous run, which the hardware
-    # prefetcher follows (per token and kv head, the same bytes came as strided 256-byte
-    # pieces: 30 vs 20 ms for 64 decodes over 30 layers). Worker w takes items w, w + workers,
-    # ...: neighbouring rows have alike contexts, so contiguous shares would be unbalanced.
-    # Two passes over a scores row (q.k, then softmax and v) measured 2.7x faster than an
-    # online softmax rescaling per block.
-    n_kv, head_dim = k_cache.shape[2], k_cache.shape[3]
+    # prefetcher follows. Worker w takes items w, w + workers, ...: neighbouring rows have
+    # alike contexts, so contiguous shares would be unbalanced. Two passes over a scores row
+    # (q.k, then softmax and v) measured 2.7x faster than an online softmax rescaling per block.
+    n_kv, head_dim, bs = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     group = n_heads // n_kv
     n_items = tokens.shape[0]
     max_ctx = 1
     for k in range(n_items):
         max_ctx = max(max_ctx, positions[tokens[k]] + 1)
-    # scratch allocated once per call, not per item
-    acc = np.zeros((n_items, n_heads, head_dim), np.float32)
-    qs = np.empty((n_items, n_heads, head_dim), np.float32)
-    score = np.empty((n_items, n_heads, max_ctx), np.float32)
+    span = -(-max_ctx // bs) * bs  # a scores row holds whole blocks
+    # scratch per worker (a few KB, it stays in cache), allocated once per call; flat views
+    # for the vector tiles
+    acc = np.empty((workers, n_heads, head_dim), np.float32)
+    qs = np.empty((workers, n_heads, head_dim), np.float32)
+    score = np.empty((workers, n_heads, span), np.float32)
+    kf, vf = k_cache.reshape(-1), v_cache.reshape(-1)
+    af, qf, sf = acc.reshape(-1), qs.reshape(-1), score.reshape(-1)
     for w in prange(workers):
+        q, sc, a = qs[w], score[w], acc[w]
+        q0, s0 = w * n_heads * head_dim, w * n_heads * span
         for item in range(w, n_items, workers):
             t = tokens[item]
             s = seq_of_token[t]
             ctx = positions[t] + 1
             lo = _first_visible(positions[t], window)
-            a, sc, q = acc[item], score[item], qs[item]
             for h in range(n_heads):
                 for i in range(head_dim):
                     q[h, i] = qkv[t, h * head_dim + i] * np.float32(scale)
-            _scores(q, k_cache, block_tables[s], lo, ctx, group, sc)
+                    a[h, i] = np.float32(0.0)
+            table = block_tables[s]
+            _scores(qf, q0, kf, table, lo, ctx, n_kv, group, head_dim, bs, sf, s0, span)
             for h in range(n_heads):  # q was scaled already
                 _softmax_row(sc, h, lo, ctx, np.float32(1.0))
-            _weighted_values(sc, v_cache, block_tables[s], lo, ctx, group, a)
+            _weighted_values(sf, s0, span, vf, table, lo, ctx, n_kv, group, head_dim, bs, af, q0)
             for h in range(n_heads):
                 for i in range(head_dim):
                     out[t, h * head_dim + i] = a[h, i]
@@ -209,6 +241,16 @@ def plan(seq_of_token: npt.NDArray[np.int32], min_run: int | None) -> AttentionP
     return AttentionPlan(np.asarray(rest, np.int32), runs)
 
 
+def k_cache_layout(keys: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Keys in blocks (n_blocks, block_size, n_kv_heads, head_dim) as the K cache holds them."""
+    return np.ascontiguousarray(keys.transpose(0, 2, 3, 1))
+
+
+def k_positions(k_cache: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Blocks of the K cache's layout as (n_blocks * block_size, n_kv_heads, head_dim) keys."""
+    return k_cache.transpose(0, 3, 1, 2).reshape(-1, k_cache.shape[1], k_cache.shape[2])
+
+
 def _as_f32(a: npt.NDArray[np.float32] | npt.NDArray[np.uint16]) -> npt.NDArray[np.float32]:
     if a.dtype == np.float32:
         return a  # type: ignore[return-value]
@@ -231,7 +273,7 @@ def attend(
     """out (n, n_heads * head_dim) = softmax(scale q k^T) v over each token's context (its last
     `window` positions when window > 0); scale defaults to 1 / sqrt(head_dim)."""
     if scale is None:
-        scale = 1.0 / math.sqrt(k_cache.shape[3])
+        scale = 1.0 / math.sqrt(k_cache.shape[2])  # head_dim
     n_tokens = p.kernel_tokens.shape[0]
     # a couple of ~30 us items do not pay for a parallel region (and under load, one region
     # costs a scheduler tick while the second thread waits for a core)
@@ -245,7 +287,7 @@ def attend(
     block_size = k_cache.shape[1]
     for first, end, seq in p.runs:
         table = block_tables[seq, : -(-(int(positions[end - 1]) + 1) // block_size)]
-        keys = _as_f32(k_cache[table].reshape(-1, k_cache.shape[2], k_cache.shape[3]))  # gathered
+        keys = _as_f32(k_positions(k_cache[table]))  # gathered
         values = _as_f32(v_cache[table].reshape(-1, v_cache.shape[2], v_cache.shape[3]))
         workers = numba.get_num_threads()
         chunk_attention(

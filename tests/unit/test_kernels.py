@@ -113,6 +113,9 @@ def test_row_split_kernels_equal_their_serial_twins() -> None:
 BS, N_KV, HD, N_HEADS = 4, 2, 8, 6  # GQA group of 3
 
 
+K = attention.k_cache_layout  # keys made position by position, as the K cache holds them
+
+
 def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: int) -> np.ndarray:
     """One token's heads; k, v (ctx, n_kv, hd) in float64."""
     out = np.empty((N_HEADS, HD))
@@ -137,7 +140,9 @@ def test_blas_attention_over_several_query_tiles_equals_the_kernel() -> None:
     for min_run in (None, 16):
         plan = attention.plan(seq_of_token, min_run)
         out = np.full((n, N_HEADS * HD), np.nan, np.float32)
-        attention.attend(qkv, plan, seq_of_token, positions, table, k_cache, v_cache, N_HEADS, out)
+        attention.attend(
+            qkv, plan, seq_of_token, positions, table, K(k_cache), v_cache, N_HEADS, out
+        )
         outs.append(out)
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-5)
 
@@ -174,7 +179,9 @@ def test_paged_and_blas_attention_equal_dense_attention() -> None:
             (0, 22) if min_run is None else (1, 1)
         )
         out = np.full((22, N_HEADS * HD), np.nan, np.float32)
-        attention.attend(qkv, plan, seq_of_token, positions, tables, k_cache, v_cache, N_HEADS, out)
+        attention.attend(
+            qkv, plan, seq_of_token, positions, tables, K(k_cache), v_cache, N_HEADS, out
+        )
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
 
 
@@ -192,7 +199,7 @@ def test_fp16_kv_cache_attends_like_the_fp32_cache_holding_the_same_values() -> 
         for k, v in ((k32.astype(np.float32), v32.astype(np.float32)),
                      (k32.view(np.uint16), v32.view(np.uint16))):  # fmt: skip
             out = np.full((19, N_HEADS * HD), np.nan, np.float32)
-            attention.attend(qkv, plan, seq_of_token, positions, tables, k, v, N_HEADS, out)
+            attention.attend(qkv, plan, seq_of_token, positions, tables, K(k), v, N_HEADS, out)
             outs.append(out)
         np.testing.assert_array_equal(outs[1], outs[0])
 
@@ -200,10 +207,13 @@ def test_fp16_kv_cache_attends_like_the_fp32_cache_holding_the_same_values() -> 
 def test_store_kv_rounds_to_fp16_like_numpy() -> None:
     q_dim, kv_dim = N_HEADS * HD, N_KV * HD
     qkv = randn(3, q_dim + 2 * kv_dim) * 100
-    k_cache, v_cache = (np.zeros((4, BS, N_KV, HD), np.uint16) for _ in range(2))
+    k_cache, v_cache = (
+        np.zeros((4, N_KV, HD, BS), np.uint16),
+        np.zeros((4, BS, N_KV, HD), np.uint16),
+    )
     slots = np.array([13, 2, 7], np.int32)
     attention.store_kv(qkv, slots, q_dim, kv_dim, k_cache, v_cache)
-    flat_k = k_cache.reshape(-1, kv_dim)[slots]
+    flat_k = attention.k_positions(k_cache).reshape(-1, kv_dim)[slots]
     flat_v = v_cache.reshape(-1, kv_dim)[slots]
     np.testing.assert_array_equal(
         flat_k, qkv[:, q_dim : q_dim + kv_dim].astype(np.float16).view(np.uint16)
@@ -217,12 +227,13 @@ def test_store_kv_writes_each_slot() -> None:
     q_dim, kv_dim = N_HEADS * HD, N_KV * HD
     qkv = randn(3, q_dim + 2 * kv_dim)
     k_cache, v_cache = (
-        np.zeros((4, BS, N_KV, HD), np.float32),
+        np.zeros((4, N_KV, HD, BS), np.float32),
         np.zeros((4, BS, N_KV, HD), np.float32),
     )
     slots = np.array([13, 2, 7], np.int32)
     attention.store_kv(qkv, slots, q_dim, kv_dim, k_cache, v_cache)
-    flat_k, flat_v = k_cache.reshape(-1, kv_dim), v_cache.reshape(-1, kv_dim)
+    flat_k = attention.k_positions(k_cache).reshape(-1, kv_dim)
+    flat_v = v_cache.reshape(-1, kv_dim)
     np.testing.assert_array_equal(flat_k[slots], qkv[:, q_dim : q_dim + kv_dim])
     np.testing.assert_array_equal(flat_v[slots], qkv[:, q_dim + kv_dim :])
     assert np.count_nonzero(flat_k.any(1)) == 3
@@ -258,6 +269,16 @@ def test_sliding_window_attention_sees_only_its_window_on_both_paths() -> None:
         plan = attention.plan(seq_of_token, min_run)
         out = np.full((n, N_HEADS * HD), np.nan, np.float32)
         attention.attend(
-            qkv, plan, seq_of_token, positions, table, k_cache, v_cache, N_HEADS, out, window, scale
+            qkv,
+            plan,
+            seq_of_token,
+            positions,
+            table,
+            K(k_cache),
+            v_cache,
+            N_HEADS,
+            out,
+            window,
+            scale,
         )
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,115 @@
+"""The vector attention tiles: the same bits as their scalar fma chains, and attention itself on
+the shapes that take them (block sizes of 16 and more, head dims that are multiples of 16)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import njit
+
+from enginecore.kernels import attention
+from enginecore.kernels.attention_simd import (
+    PV_HEADS,
+    PV_VECS,
+    QK_HEADS,
+    pv_scalar,
+    pv_tile,
+    qk_scalar,
+    qk_tile,
+)
+
+RNG = np.random.default_rng(7)
+
+
+@njit(cache=True)
+def _qk_both(q, k, k_stride, n, heads, nv, s_tile, s_scalar):
+    qk_tile(q, 3, n + 5, k, 2, k_stride, n, s_tile, 1, 40, heads, nv)
+    qk_scalar(q, 3, n + 5, k, 2, k_stride, n, s_scalar, 1, 40, heads, 16 * nv)
+
+
+@njit(cache=True)
+def _pv_both(w, v, v_stride, n, heads, nv, a_tile, a_scalar):
+    pv_tile(w, 1, n + 3, v, 4, v_stride, n, a_tile, 2, 16 * nv + 7, heads, nv)
+    pv_scalar(w, 1, n + 3, v, 4, v_stride, n, a_scalar, 2, 16 * nv + 7, heads, 16 * nv)
+
+
+def _kv(shape: tuple[int, ...], f16: bool) -> np.ndarray:
+    x = RNG.standard_normal(shape).astype(np.float32)
+    return x.astype(np.float16).view(np.uint16) if f16 else x
+
+
+@pytest.mark.parametrize("f16", [False, True])
+def test_qk_tile_is_its_scalar_fma_chain_bit_for_bit(f16: bool) -> None:
+    for heads in range(1, QK_HEADS + 1):
+        for nv in (1, 2):
+            n, k_stride = 61, 16 * nv + 9
+            q = RNG.standard_normal(3 + heads * (n + 5)).astype(np.float32)
+            k = _kv((2 + n * k_stride,), f16)
+            got, want = (np.full(1 + heads * 40, np.nan, np.float32) for _ in range(2))
+            _qk_both(q, k, k_stride, n, heads, nv, got, want)
+            np.testing.assert_array_equal(got, want)
+            assert not np.isnan(got[1 : 1 + 16 * nv]).any()
+            # and it is q . k: head 0, position 5, against float64
+            kf = k.view(np.float16).astype(np.float64) if f16 else k.astype(np.float64)
+            ref = q[3 : 3 + n].astype(np.float64) @ kf[2 + 5 : 2 + 5 + n * k_stride : k_stride]
+            assert abs(got[1 + 5] - ref) < 1e-4
+
+
+@pytest.mark.parametrize("f16", [False, True])
+def test_pv_tile_is_its_scalar_fma_chain_bit_for_bit(f16: bool) -> None:
+    for heads in range(1, PV_HEADS + 1):
+        for nv in range(1, PV_VECS + 1):
+            n, v_stride = 37, 16 * nv + 11
+            w = RNG.random(1 + heads * (n + 3)).astype(np.float32)
+            v = _kv((4 + n * v_stride,), f16)
+            start = RNG.standard_normal(2 + heads * (16 * nv + 7)).astype(np.float32)
+            got, want = start.copy(), start.copy()
+            _pv_both(w, v, v_stride, n, heads, nv, got, want)
+            np.testing.assert_array_equal(got, want)
+            vf = v.view(np.float16).astype(np.float64) if f16 else v.astype(np.float64)
+            rows = vf[4 : 4 + n * v_stride].reshape(n, v_stride)
+            ref = start[2 : 2 + 16 * nv] + w[1 : 1 + n].astype(np.float64) @ rows[:, : 16 * nv]
+            np.testing.assert_allclose(got[2 : 2 + 16 * nv], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("bs", "hd", "n_kv", "n_heads", "window"),
+    [
+        (16, 48, 2, 10, 0),
+        (32, 64, 3, 9, 0),
+        (64, 80, 1, 7, 0),
+        (32, 64, 3, 9, 45),
+        (8, 64, 2, 4, 0),
+    ],
+)
+def test_paged_attention_equals_dense_attention(
+    bs: int, hd: int, n_kv: int, n_heads: int, window: int
+) -> None:
+    """Decodes at contexts of 1 to 200 in scattered blocks (and a 24-row prefill chunk), each
+    row against float64 attention over the keys it sees."""
+    n_blocks = 80 * 64 // bs
+    k = RNG.standard_normal((n_blocks, bs, n_kv, hd)).astype(np.float32)
+    v = RNG.standard_normal((n_blocks, bs, n_kv, hd)).astype(np.float32)
+    ctxs = [1, 15, 16, 17, 33, 64, 100, 200]
+    per_seq = -(-max(ctxs) // bs)
+    tables = RNG.permutation(n_blocks)[: per_seq * (len(ctxs) + 1)].reshape(-1, per_seq)
+    tables = tables.astype(np.int32)
+    positions = np.array([c - 1 for c in ctxs] + list(range(150, 174)), np.int32)
+    seq_of_token = np.array(list(range(len(ctxs))) + [len(ctxs)] * 24, np.int32)
+    n = positions.shape[0]
+    qkv = RNG.standard_normal((n, (n_heads + 2 * n_kv) * hd)).astype(np.float32)
+    scale = 0.11
+    out = np.full((n, n_heads * hd), np.nan, np.float32)
+    attention.attend(qkv, attention.plan(seq_of_token, None), seq_of_token, positions, tables,
+                     attention.k_cache_layout(k), v, n_heads, out, window, scale)  # fmt: skip
+    group = n_heads // n_kv
+    for t in range(n):
+        keys = k[tables[seq_of_token[t]]].reshape(-1, n_kv, hd).astype(np.float64)
+        values = v[tables[seq_of_token[t]]].reshape(-1, n_kv, hd).astype(np.float64)
+        p = positions[t]
+        lo = max(p + 1 - window, 0) if window else 0
+        for h in range(n_heads):
+            s = keys[lo : p + 1, h // group] @ qkv[t, h * hd : (h + 1) * hd] * scale
+            e = np.exp(s - s.max())
+            ref = (e / e.sum()) @ values[lo : p + 1, h // group]
+            np.testing.assert_allclose(out[t, h * hd : (h + 1) * hd], ref, rtol=1e-4, atol=1e-5)
