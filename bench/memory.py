@@ -1,12 +1,16 @@
 """Resident memory of a serving engine core beside llama-server's, same GGUF, same KV capacity.
 
-`python -m bench.memory [--models bundled,1.7B] [--tokens 4096]`
+`python -m bench.memory [--models bundled,1.7B] [--tokens 4096] [--phases]`
 
 Starts `python -m enginecore` with a KV cache of exactly `tokens` tokens (f32 and f16) and
 waits for it to serve (weights loaded, kernels warmed up), then reads VmRSS and VmHWM from
 /proc; then llama-server (`-c tokens -np 1 -t 2`, its default f16 KV cache) the same way once
 /health answers. Prints both, the weights' bytes as the core reports them beside the file
 size, and the KV bytes, so that RSS = base + weights + KV can be read off.
+
+`--phases` instead runs the core's start-up in one fresh process per model (bench/memory_phases.py)
+and prints its RSS after each phase (imports, tokenizer metadata, weights, KV cache, warm-up,
+grammar compiler), then the resident memory by kind of mapping: where the base goes.
 """
 
 from __future__ import annotations
@@ -113,7 +117,16 @@ def main() -> None:
     parser.add_argument("--models", default="bundled,1.7B")
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--numerics", default=EngineConfig().numerics)
+    parser.add_argument("--kv", default="f16", help="KV cache dtype of --phases")
+    parser.add_argument("--phases", action="store_true", help="RSS after each start-up phase")
     args = parser.parse_args()
+    if args.phases:
+        for name in args.models.split(","):
+            path = resolve(name)
+            print(f"{path.name}: KV {args.kv} {args.tokens} tokens, numerics {args.numerics}, MB")
+            argv = [str(path), str(args.tokens), args.kv, args.numerics]
+            subprocess.run([sys.executable, "-m", "bench.memory_phases", *argv], check=True)
+        return
     print(f"KV capacity {args.tokens} tokens; MB (2^20 bytes); tl-serve numerics {args.numerics}")
     for name in args.models.split(","):
         path = resolve(name)
