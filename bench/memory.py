@@ -54,8 +54,10 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def core_rss(path: Path, tokens: int, kv: str, numerics: str) -> tuple[float, float, float]:
-    """(RSS, peak RSS, weight MB) of a serving core."""
+def core_rss(path: Path, tokens: int, kv: str, numerics: str) -> tuple[float, float, float, float]:
+    """(RSS, peak RSS, weight MB, warm-up seconds) of a serving core. A warm-up of tens of
+    seconds compiled kernels in the core's own process (a cold numba cache), whose LLVM memory
+    then stays: that RSS is not the serving one."""
     with tempfile.TemporaryDirectory() as tmp:
         toml = Path(tmp) / "runtime.toml"
         toml.write_text(
@@ -77,8 +79,13 @@ def core_rss(path: Path, tokens: int, kv: str, numerics: str) -> tuple[float, fl
             rss, peak = rss_mb(proc.pid)
         finally:
             stop(proc)
-        weights = re.search(r"([\d.]+) MB of weights", log.read_text())
-        return rss, peak, float(weights.group(1)) if weights else float("nan")
+        text = log.read_text()
+        weights = re.search(r"([\d.]+) MB of weights", text)
+        warmup = re.search(r"warmup done in ([\d.]+) s", text)
+        return (
+            rss, peak, float(weights.group(1)) if weights else float("nan"),
+            float(warmup.group(1)) if warmup else float("nan"),
+        )  # fmt: skip
 
 
 def llama_server_rss(path: Path, tokens: int) -> tuple[float, float]:
@@ -136,10 +143,10 @@ def main() -> None:
         print(f"  llama-server (KV f16 {kv_mb(path, args.tokens, 2):.0f})   "
               f"RSS {rss:7.0f}   peak {peak:7.0f}")  # fmt: skip
         for kv, itemsize in (("f16", 2), ("f32", 4)):
-            rss_c, peak_c, weights = core_rss(path, args.tokens, kv, args.numerics)
+            rss_c, peak_c, weights, warmup = core_rss(path, args.tokens, kv, args.numerics)
             print(f"  tl-serve core (KV {kv} {kv_mb(path, args.tokens, itemsize):.0f})  "
                   f"RSS {rss_c:7.0f}   peak {peak_c:7.0f}   weights {weights * 1e6 / 2**20:.0f}   "
-                  f"RSS / llama-server {rss_c / rss:.2f}")  # fmt: skip
+                  f"RSS / llama-server {rss_c / rss:.2f}   warm-up {warmup:.1f} s")  # fmt: skip
 
 
 if __name__ == "__main__":
