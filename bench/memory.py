@@ -1,12 +1,16 @@
 """Resident memory of a serving engine core beside llama-server's, same GGUF, same KV capacity.
 
-`python -m bench.memory [--models bundled,1.7B] [--tokens 4096]`
+`python -m bench.memory [--models bundled,1.7B] [--tokens 4096] [--phases]`
 
 Starts `python -m enginecore` with a KV cache of exactly `tokens` tokens (f32 and f16) and
 waits for it to serve (weights loaded, kernels warmed up), then reads VmRSS and VmHWM from
 /proc; then llama-server (`-c tokens -np 1 -t 2`, its default f16 KV cache) the same way once
 /health answers. Prints both, the weights' bytes as the core reports them beside the file
 size, and the KV bytes, so that RSS = base + weights + KV can be read off.
+
+`--phases` instead runs the core's start-up in one fresh process per model (bench/memory_phases.py)
+and prints its RSS after each phase (imports, tokenizer metadata, weights, KV cache, warm-up,
+grammar compiler), then the resident memory by kind of mapping: where the base goes.
 """
 
 from __future__ import annotations
@@ -50,8 +54,10 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def core_rss(path: Path, tokens: int, kv: str, numerics: str) -> tuple[float, float, float]:
-    """(RSS, peak RSS, weight MB) of a serving core."""
+def core_rss(path: Path, tokens: int, kv: str, numerics: str) -> tuple[float, float, float, float]:
+    """(RSS, peak RSS, weight MB, warm-up seconds) of a serving core. A warm-up of tens of
+    seconds compiled kernels in the core's own process (a cold numba cache), whose LLVM memory
+    then stays: that RSS is not the serving one."""
     with tempfile.TemporaryDirectory() as tmp:
         toml = Path(tmp) / "runtime.toml"
         toml.write_text(
@@ -73,8 +79,13 @@ def core_rss(path: Path, tokens: int, kv: str, numerics: str) -> tuple[float, fl
             rss, peak = rss_mb(proc.pid)
         finally:
             stop(proc)
-        weights = re.search(r"([\d.]+) MB of weights", log.read_text())
-        return rss, peak, float(weights.group(1)) if weights else float("nan")
+        text = log.read_text()
+        weights = re.search(r"([\d.]+) MB of weights", text)
+        warmup = re.search(r"warmup done in ([\d.]+) s", text)
+        return (
+            rss, peak, float(weights.group(1)) if weights else float("nan"),
+            float(warmup.group(1)) if warmup else float("nan"),
+        )  # fmt: skip
 
 
 def llama_server_rss(path: Path, tokens: int) -> tuple[float, float]:
@@ -113,7 +124,16 @@ def main() -> None:
     parser.add_argument("--models", default="bundled,1.7B")
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--numerics", default=EngineConfig().numerics)
+    parser.add_argument("--kv", default="f16", help="KV cache dtype of --phases")
+    parser.add_argument("--phases", action="store_true", help="RSS after each start-up phase")
     args = parser.parse_args()
+    if args.phases:
+        for name in args.models.split(","):
+            path = resolve(name)
+            print(f"{path.name}: KV {args.kv} {args.tokens} tokens, numerics {args.numerics}, MB")
+            argv = [str(path), str(args.tokens), args.kv, args.numerics]
+            subprocess.run([sys.executable, "-m", "bench.memory_phases", *argv], check=True)
+        return
     print(f"KV capacity {args.tokens} tokens; MB (2^20 bytes); tl-serve numerics {args.numerics}")
     for name in args.models.split(","):
         path = resolve(name)
@@ -123,10 +143,10 @@ def main() -> None:
         print(f"  llama-server (KV f16 {kv_mb(path, args.tokens, 2):.0f})   "
               f"RSS {rss:7.0f}   peak {peak:7.0f}")  # fmt: skip
         for kv, itemsize in (("f16", 2), ("f32", 4)):
-            rss_c, peak_c, weights = core_rss(path, args.tokens, kv, args.numerics)
+            rss_c, peak_c, weights, warmup = core_rss(path, args.tokens, kv, args.numerics)
             print(f"  tl-serve core (KV {kv} {kv_mb(path, args.tokens, itemsize):.0f})  "
                   f"RSS {rss_c:7.0f}   peak {peak_c:7.0f}   weights {weights * 1e6 / 2**20:.0f}   "
-                  f"RSS / llama-server {rss_c / rss:.2f}")  # fmt: skip
+                  f"RSS / llama-server {rss_c / rss:.2f}   warm-up {warmup:.1f} s")  # fmt: skip
 
 
 if __name__ == "__main__":

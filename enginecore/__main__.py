@@ -42,12 +42,14 @@ def build(cfg: EngineConfig, channel: Channel, owner_token: str = "") -> Engine:
     t0 = time.monotonic()
     set_num_threads(cfg.num_threads)
     path = cfg.model_path
+    # first: the loader then reuses the parsed file, and drops it after the weights (parsed
+    # after them, its vocabulary's objects stayed resident and the file stayed mapped)
+    metadata = read_tokenizer_metadata(path)
     runner = ModelRunner.from_path(
         path, cfg.block_size, cfg.num_kv_blocks, cfg.kv_cache_bytes, cfg.max_model_len,
         cfg.numerics, cfg.kv_cache_dtype,
     )  # fmt: skip
     runner.warmup()
-    metadata = read_tokenizer_metadata(path)
     blocks = BlockManager(runner.num_blocks, cfg.block_size, cfg.prefix_cache == "radix")
     proposer = (
         NgramProposer(cfg.spec_ngram_max, cfg.spec_ngram_min, cfg.spec_num_tokens)

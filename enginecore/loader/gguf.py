@@ -103,15 +103,27 @@ def _rope_factors(tensors: dict[str, gguf.ReaderTensor], head_dim: int) -> tuple
     return tuple(float(f) for f in _vector(t))
 
 
+def _tensor_data(t: gguf.ReaderTensor) -> npt.NDArray[Any]:
+    """A tensor's bytes read from the file into memory of its own, as the reader shapes them.
+
+    Not through the reader's mapping of the file: every page the loader read there stayed
+    resident until the reader was dropped, so the load peaked at the file's size on top of
+    the weights (1 GB for the 1.7B shape). An F32 tensor is thus never a view of the file."""
+    view = t.data
+    assert isinstance(view, np.memmap), "the gguf reader maps its file"
+    raw = np.fromfile(str(view.filename), np.uint8, count=int(t.n_bytes), offset=int(t.data_offset))
+    return raw.view(view.dtype).reshape(view.shape)
+
+
 def _part(t: gguf.ReaderTensor, rows: npt.NDArray[np.intp] | None = None) -> Part:
     """A matrix tensor as fp32 (F32, F16, BF16) or its integer form, rows reordered."""
     qtype = Q(t.tensor_type)
-    data = np.asarray(t.data)
+    data = _tensor_data(t)
     data = data.reshape(data.shape[0], -1) if data.ndim > 1 else data.reshape(1, -1)
     if rows is not None:
         data = data[rows]
     if qtype in gguf_types.DENSE:
-        return _owned(gguf.quants.dequantize(data, qtype))
+        return np.ascontiguousarray(gguf.quants.dequantize(data, qtype), np.float32)
     if qtype not in gguf_types.DECODERS:
         raise ValueError(
             f"tensor {t.name}: GGUF type {qtype.name} is not served ({gguf_types.SERVED})"
@@ -125,14 +137,8 @@ def _vector(t: gguf.ReaderTensor) -> F32:
         raise ValueError(
             f"tensor {t.name}: GGUF type {qtype.name} is not served ({gguf_types.SERVED})"
         )
-    return _owned(gguf.quants.dequantize(np.asarray(t.data), qtype)).reshape(-1)
-
-
-def _owned(a: npt.NDArray[Any]) -> F32:
-    """fp32 in memory of its own: an F32 tensor comes back from gguf as a view of the file's
-    mapping, and one such view kept every page of the file that the loader touched resident
-    (the size of the file, on top of the weights)."""
-    return np.array(a, np.float32, order="C", copy=True)
+    values = gguf.quants.dequantize(_tensor_data(t), qtype)
+    return np.ascontiguousarray(values, np.float32).reshape(-1)
 
 
 def unpermute_rows(num_rows: int, n_head: int) -> npt.NDArray[np.intp]:
@@ -164,8 +170,7 @@ def load(path: Path, numerics: Numerics) -> tuple[ModelConfig, Weights]:
     weights = architectures.build_weights(
         cfg, fam, numerics, matrix, lambda name: _vector(tensors[name]), 0.0
     )
-    # the weights own their memory now; the shared reader (cached for the metadata readers)
-    # maps the file, and every page the loader read would stay resident with it: the size of
-    # the file on top of the weights
+    # the shared reader (cached for the metadata readers) holds one Python object per
+    # vocabulary entry and maps the file: nothing needs it after the weights
     gguf_reader.cache_clear()
     return cfg, weights
