@@ -9,6 +9,7 @@ from typing import Final
 
 from frontend.text.chat_template import DEFAULT_TEMPLATE, ChatTemplate
 from shared.errors import ErrorCode, ServingError
+from shared.gguf_file import gguf_reader
 from shared.tokenizer import Tokenizer
 from shared.tokenizer_metadata import read_tokenizer_metadata
 
@@ -36,6 +37,9 @@ class ServedModel:
         """Read the model's metadata: tokenizer and chat template (`chat_template` if given, a
         file or the template itself; else the model's own; else DEFAULT_TEMPLATE)."""
         metadata = read_tokenizer_metadata(path)
+        # the parsed file (one Python object per vocabulary entry, the file mapped) is cached
+        # for the core's loader; a frontend needs nothing more of it
+        gguf_reader.cache_clear()
         override = template_source(chat_template)
         template = ChatTemplate(
             override or metadata.chat_template or DEFAULT_TEMPLATE,

@@ -13,6 +13,7 @@ from enginecore.__main__ import build
 from enginecore.channel import Channel
 from enginecore.loader import gguf as loader_gguf
 from enginecore.weights import Numerics
+from frontend.text.served_model import ServedModel
 from shared.config import EngineConfig
 from shared.gguf_file import gguf_reader
 from tests.conftest import TinyModels
@@ -24,6 +25,12 @@ def test_a_started_core_holds_no_parsed_gguf(tiny: TinyModels) -> None:
     # of the bundled model's core when the tokenizer metadata was read after the weights
     cfg = EngineConfig(model_dir=str(tiny.gguf_quant), num_kv_blocks=8)
     build(cfg, cast(Channel, FakeChannel()))
+    assert gguf_reader.cache_info().currsize == 0
+    assert str(tiny.gguf_quant) not in Path("/proc/self/maps").read_text()
+
+
+def test_a_frontend_holds_no_parsed_gguf(tiny: TinyModels) -> None:
+    ServedModel.load(tiny.gguf_quant, "m")
     assert gguf_reader.cache_info().currsize == 0
     assert str(tiny.gguf_quant) not in Path("/proc/self/maps").read_text()
 
