@@ -48,7 +48,7 @@ class Numerics(StrEnum):
     """How activations meet quantized weights."""
 
     EXACT = "exact"  # fp32 activations: reproduces an fp32 reference on the same weights
-    INT8 = "int8"  # activations quantized per 32 to int8 (llama.cpp's way), int32 sums
+    INT8 = "int8"  # activations quantized per 16 to int8 (llama.cpp: per 32), int32 sums
     INT16 = "int16"  # per 32 to int16: ~250x smaller rounding error than int8, int32 sums
 
     @property
@@ -61,7 +61,7 @@ class Activations(NamedTuple):
     """A matmul input quantized once, shared by every part of a fused matrix."""
 
     xq: npt.NDArray[Any]  # (n, K) int8 or int16
-    xa: F32  # (n, K // 32) block scales
+    xa: F32  # (n, K // block) block scales (panels.act_block: 16 for int8, 32 for int16)
     xb: I32  # (n, K // 16) sums of xq per 16
 
 
@@ -76,7 +76,7 @@ def quantize(x: F32, numerics: Numerics) -> Activations:
     n, k = x.shape
     kind, qmax = ACTIVATIONS[numerics]
     xq = np.empty((n, k), kind.dtype)
-    xa = np.empty((n, k // 32), np.float32)
+    xa = np.empty((n, k // panels.act_block(xq)), np.float32)
     xb = np.empty((n, k // 16), np.int32)
     panels.quantize_rows(x, qmax, xq, xa, xb)
     return Activations(xq, xa, xb)

@@ -21,7 +21,7 @@ from numba import njit
 
 from enginecore.kernels import ops
 from enginecore.kernels.attention import SERIAL_BELOW_TOKENS, paged_attention, store_kv
-from enginecore.kernels.panels import int_matmul, quantize_rows
+from enginecore.kernels.panels import act_block, int_matmul, quantize_rows
 
 
 @njit(cache=True, nogil=True)
@@ -29,7 +29,7 @@ def _matmul(x, kind, qmax, parts, isa, out, workers):
     # out = x @ W.T for W the stacked parts; x quantized once for every part
     n, k = x.shape
     xq = np.empty((n, k), kind.dtype)
-    xa = np.empty((n, k // 32), np.float32)
+    xa = np.empty((n, k // act_block(xq)), np.float32)
     xb = np.empty((n, k // 16), np.int32)
     quantize_rows(x, qmax, xq, xa, xb)
     col0 = 0

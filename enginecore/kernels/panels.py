@@ -14,11 +14,13 @@ mode) or uint16 (2 bytes per row, int16 activations) per row and group), and per
 so that weight = sc * (v - off) + mn, with sc = d * isc and mn = dm * imn per sub-block of
 `sub` (16 or 32) values, exactly as gguf.quants.dequantize computes it.
 
-Integer modes: activations quantized per block of 32 to int8 or int16 (scale xa, block sums
-xb per 16), each panel's exact int32 sums per sub-block from kernels/dot.py (or the portable
+Integer modes: activations quantized per block (`act_block`: 16 values for int8, 32 for
+int16) to int8 or int16 (scale xa, block sums xb per 16), each panel's exact int32 sums per
+sub-block, or per activation block when that is shorter, from kernels/dot.py (or the portable
 loop here), then per output element, in one fixed order, float32 mul then add (no fastmath,
-no FMA contraction): the same bits for any row count, thread split or ISA path. Exact mode
-and the embedding lookups: kernels/dequant.py.
+no FMA contraction; explicit fused multiply-adds where kernels/simd.py says): the same bits
+for any row count, thread split or ISA path. Exact mode and the embedding lookups:
+kernels/dequant.py.
 """
 
 import numpy as np
@@ -28,6 +30,7 @@ from enginecore.kernels.f16 import f16_bits_to_f32
 from enginecore.kernels.simd import (
     ROWS,
     WIDE,
+    fma32,
     panel_row_4,
     panel_row_8,
     panel_rows_4,
@@ -66,31 +69,40 @@ QUANTIZE_SERIAL_ROWS = 16
 
 
 @njit(cache=True, nogil=True, inline="always")
+def act_block(xq):
+    # activations per scale for xq's type: int8's rounding step is 258 times int16's, and
+    # one large value sets the step of its whole block, so int8 blocks are 16 values (on
+    # the bundled model's Q8_0 file this halves int8's mean KL against 32), int16 ones 32
+    return 16 if xq.itemsize == 1 else 32
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _quantize_row(x, t, qmax, xq, xa, xb):
-    # row t of x (n, K) float32 -> xq = round(x / xa) (int8 / int16), xa (K // 32) the block
-    # scales max|x| / qmax, xb (K // 16) the sums of xq per 16; the same operations whatever
-    # loop runs it
-    for blk in range(x.shape[1] // 32):
+    # row t of x (n, K) float32 -> xq = round(x / xa) (int8 / int16), xa (K // act_block) the
+    # block scales max|x| / qmax, xb (K // 16) the sums of xq per 16; the same operations
+    # whatever loop runs it
+    ab = act_block(xq)
+    for blk in range(x.shape[1] // ab):
         amax = np.float32(0.0)
-        for i in range(32):
-            amax = max(amax, abs(x[t, blk * 32 + i]))
+        for i in range(ab):
+            amax = max(amax, abs(x[t, blk * ab + i]))
         scale = amax / np.float32(qmax)
         inv = np.float32(qmax) / amax if amax > 0 else np.float32(0.0)
-        for half in range(2):
+        for half in range(ab // 16):
             s = np.int32(0)
             for i in range(16):
-                k = blk * 32 + half * 16 + i
+                k = blk * ab + half * 16 + i
                 q = np.int32(np.floor(x[t, k] * inv + np.float32(0.5)))
                 q = min(max(q, np.int32(-qmax)), np.int32(qmax))
                 xq[t, k] = q
                 s += q
-            xb[t, blk * 2 + half] = s
+            xb[t, blk * (ab // 16) + half] = s
         xa[t, blk] = scale
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def quantize_rows(x, qmax, xq, xa, xb):
-    # x (n, K) float32 -> xq (n, K), xa (n, K // 32), xb (n, K // 16): see _quantize_row
+    # x (n, K) float32 -> xq (n, K), xa (n, K // act_block), xb (n, K // 16): _quantize_row
     n = x.shape[0]
     if n < QUANTIZE_SERIAL_ROWS:
         for t in range(n):
@@ -122,23 +134,45 @@ def _portable_sums(lanes, p, g0, n_groups, four_bit, xq, t, k0, s16):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _portable_row(lanes, p, four_bit, off, sub, has_min, sc, mn, xq, xa, xb, t, s16, acc):
-    # acc (16,) = panel p's rows times activation row t, in panel_row's order of operations
+def _portable_row(lanes, p, four_bit, off, sub, has_min, sc, mn, xq, xa, xb, t, s16, psum, acc):
+    # acc (16,) = panel p's rows times activation row t, in panel_row's order of operations:
+    # a sub-block inside one activation block adds a * (sc * (S - off * B) + mn * B); one
+    # over several (int8's blocks of 16 in a sub-block of 32) adds sc * (P - off * X) + mn * X
+    # by fused multiply-adds, P and X the sums over its blocks of a * S and a * B
     il = lanes.itemsize
-    gpsub = sub // (2 * il if four_bit else il)
+    per_group = 2 * il if four_bit else il
+    ab = act_block(xq)
+    pieces = max(sub // ab, 1)
+    plen = sub // pieces
     acc[:] = 0
     for j in range(sc.shape[0]):
-        _portable_sums(lanes, p, j * gpsub, gpsub, four_bit, xq, t, j * sub, s16)
-        bsum = 0
-        for i in range(sub // 16):
-            bsum += xb[t, j * (sub // 16) + i]
-        a = xa[t, (j * sub) // 32]
-        fb = np.float32(bsum)
-        for r in range(LANES):
-            tmp = sc[j, r] * np.float32(s16[r] - off * bsum)
-            if has_min:
-                tmp = tmp + mn[j, r] * fb
-            acc[r] = acc[r] + a * tmp
+        xsum = np.float32(0.0)
+        for h in range(pieces):
+            k0 = j * sub + h * plen
+            _portable_sums(lanes, p, k0 // per_group, plen // per_group, four_bit, xq, t, k0,
+                           s16)  # fmt: skip
+            bsum = 0
+            for i in range(plen // 16):
+                bsum += xb[t, k0 // 16 + i]
+            a = xa[t, k0 // ab]
+            fb = np.float32(bsum)
+            if pieces == 1:
+                for r in range(LANES):
+                    tmp = sc[j, r] * np.float32(s16[r] - off * bsum)
+                    if has_min:
+                        tmp = tmp + mn[j, r] * fb
+                    acc[r] = acc[r] + a * tmp
+                continue
+            for r in range(LANES):
+                fs = np.float32(s16[r])
+                psum[r] = a * fs if h == 0 else fma32(a, fs, psum[r])
+            xsum = a * fb if h == 0 else fma32(a, fb, xsum)
+        if pieces > 1:
+            offx = np.float32(off) * xsum
+            for r in range(LANES):
+                acc[r] = fma32(sc[j, r], psum[r] - offx, acc[r])
+                if has_min:
+                    acc[r] = fma32(mn[j, r], xsum, acc[r])
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -161,17 +195,20 @@ def _panel_rows(rows, four_bit, args):
 @njit(parallel=True, cache=True, nogil=True)
 def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
     # out[t, col0 + row] for the matrix's n_rows rows (the last panel may hold padding) =
-    # sum over sub-blocks of xa * (sc * (S - off * B) + mn * B), S the exact int32 sum of
-    # v * xq and B the sum of xq over the sub-block: kernels/simd.py's panel_row, or the same
-    # arithmetic in plain loops (isa 0)
+    # sum over sub-blocks (or the activation blocks inside one, when shorter) of
+    # xa * (sc * (S - off * B) + mn * B), S the exact int32 sum of v * xq and B the sum of xq
+    # over that piece: kernels/simd.py's panel_row, or the same arithmetic in plain loops
+    # (isa 0)
     lanes, d, dm, isc, imn, four_bit, off, sub, sps, has_min = fmt
     n, K = xq.shape
     P = lanes.shape[0]
     n_sub = K // sub
+    ab = act_block(xq)
     panel_bytes = lanes.shape[1] * lanes.itemsize
     step = -(-P // parts)
     for part in prange(parts):
         s16 = np.empty(LANES, np.int32)
+        psum = np.empty(LANES, np.float32)
         acc = np.empty(WIDE * LANES, np.float32)
         sc = np.empty((n_sub, LANES), np.float32)
         mn = np.empty((n_sub, LANES), np.float32)
@@ -187,9 +224,9 @@ def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
                     rows = ROWS
                 if isa == 0:
                     _portable_row(lanes, p, four_bit, off, sub, has_min, sc, mn, xq, xa, xb, t,
-                                  s16, acc)  # fmt: skip
+                                  s16, psum, acc)  # fmt: skip
                 else:
-                    args = (isa, lanes, p * panel_bytes, xq, t * K, xa, t * (K // 32), xb,
+                    args = (isa, lanes, p * panel_bytes, xq, t * K, xa, t * (K // ab), xb,
                             t * (K // 16), d, dm, isc, imn, p * d.shape[1] * LANES,
                             p * isc.shape[1] * LANES, sps, has_min, n_sub, sub, off, acc)  # fmt: skip
                     _panel_rows(rows, four_bit, args)
@@ -204,7 +241,7 @@ def quantize_matmul(x, xq_dtype, qmax, fmt, isa, out, col0, n_rows, parts):
     # int_matmul of x (n, K) float32, quantized here to xq_dtype's type (one call, not two)
     n, K = x.shape
     xq = np.empty((n, K), xq_dtype.dtype)
-    xa = np.empty((n, K // 32), np.float32)
+    xa = np.empty((n, K // act_block(xq)), np.float32)
     xb = np.empty((n, K // 16), np.int32)
     quantize_rows(x, qmax, xq, xa, xb)
     int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts)

@@ -4,7 +4,10 @@ int32 sums of every sub-block (kernels/dot.py) combined with their scales in flo
 Per output row, sub-block by sub-block in order: tmp = sc * float(S - off * B), then
 tmp = tmp + mn * float(B) when the type has minimums, then acc = acc + xa * tmp; plain fmul
 and fadd without fast-math flags, so LLVM contracts none of them into FMAs and a portable
-numba loop doing the same scalar operations (kernels/panels.py) gets the same bits.
+numba loop doing the same scalar operations (kernels/panels.py) gets the same bits. A
+sub-block longer than an activation block (int8's 16 values in a sub-block of 32) sums its
+pieces' xa * float(S) first and combines them with explicit fused multiply-adds (llvm.fma,
+rounded once on every path; `fma32` for the portable loop): _combine_pieces.
 """
 
 from __future__ import annotations
@@ -30,6 +33,27 @@ from enginecore.kernels.dot import (
 )
 
 F32, F16 = ir.FloatType(), ir.HalfType()
+
+
+def _fma(b: ir.IRBuilder, x: ir.Value, y: ir.Value, z: ir.Value) -> ir.Value:
+    """x * y + z rounded once (llvm.fma: the same bits on every path and CPU)."""
+    name = "llvm.fma.f32" if x.type == F32 else "llvm.fma.v16f32"
+    fnty = ir.FunctionType(x.type, [x.type] * 3)
+    return b.call(b.module.declare_intrinsic(name, fnty=fnty), [x, y, z])
+
+
+def _fma32(typingctx: Any, x: Any, y: Any, z: Any) -> Any:
+    if not x == y == z == types.float32:
+        return None
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        return _fma(builder, *args)
+
+    return types.float32(x, y, z), codegen
+
+
+# fma32(x, y, z) float32: x * y + z rounded once, for the portable loops (kernels/panels.py)
+fma32: Any = intrinsic(_fma32)
 
 
 def _splat_f(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
@@ -60,9 +84,11 @@ def _scale16(b: ir.IRBuilder, f16s: ir.Value, ints: ir.Value, scaled: ir.Value) 
 def _emit_rows(
     b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool, rows: int, r: dict[str, ir.Value]
 ) -> None:
-    """out[16 t : 16 t + 16] for `rows` consecutive activation rows t = sum over sub-blocks j
-    of xa * (sc * (S - off * B) + mn * B), in that order per lane, float32 mul then add (no
-    fast-math flags, so no FMA contraction). The rows share each weight load and scale.
+    """out[16 t : 16 t + 16] for `rows` consecutive activation rows t = sum over sub-blocks j,
+    and over the activation blocks inside j when they are shorter (int8's 16 in a sub-block
+    of 32), of xa * (sc * (S - off * B) + mn * B), in that order per lane, float32 mul then
+    add (no fast-math flags, so no FMA contraction; the explicit fused multiply-adds of
+    _combine_pieces). The rows share each weight load and scale.
 
     The sub-block length (16 or 32) is a constant of the code emitted for it, so that a
     sub-block's groups are straight-line code with constant offsets."""
@@ -86,7 +112,12 @@ def _emit_sub_rows(
     group_bytes = 32 if int16 else 64
     per_group = (2 if int16 else 4) * (2 if four_bit else 1)  # k values per group
     gpsub = sub // per_group
-    bpsub = sub // 16  # activation sums per sub-block
+    ab = 32 if int16 else 16  # activations per scale (kernels/panels.py's act_block)
+    pieces = max(sub // ab, 1)
+    plen = sub // pieces  # k values per piece: a sub-block, or an activation block inside it
+    gpp = plen // per_group
+    parts = [cgutils.alloca_once_value(b, zero) for _ in range(rows)]  # type: ignore[no-untyped-call]
+    xsums = [cgutils.alloca_once_value(b, ir.Constant(F32, 0)) for _ in range(rows)]  # type: ignore[no-untyped-call]
     scaled = b.icmp_unsigned(">", r["sps"], ir.Constant(I64, 1))
     k = b.mul(r["n_sub"], ir.Constant(I64, sub))  # activation row length
     c16 = ir.Constant(I64, 16)
@@ -100,36 +131,75 @@ def _emit_sub_rows(
             b.store(_f16x16(b, b.gep(r["dm"], [b.mul(big_j, c16)])), dmv)
         with cgutils.for_range(b, r["sps"]) as inner:
             j = b.add(b.mul(big_j, r["sps"]), inner.index)
-            for em in ems:
-                em.reset()
-            w = b.gep(r["w"], [b.mul(j, ir.Constant(I64, gpsub * group_bytes))])
-            xs = [b.gep(r["x"], [b.mul(b.add(b.mul(k, ir.Constant(I64, t)), b.mul(j, ir.Constant(I64, sub))),
-                                       ir.Constant(I64, elem))]) for t in range(rows)]  # fmt: skip
-            accumulate_groups(b, list(zip(ems, xs, strict=True)), four_bit, w, gpsub)
             sc = _times_int8(b, dv, b.gep(r["isc"], [b.mul(j, c16)]), scaled)
             b.store(zero, mn)
             with b.if_then(r["has_min"]):
                 b.store(_times_int8(b, b.load(dmv), b.gep(r["imn"], [b.mul(j, c16)]), scaled), mn)
-            for t, (em, acc) in enumerate(zip(ems, accs, strict=True)):
-                xb_t = b.add(b.mul(b.lshr(k, ir.Constant(I64, 4)), ir.Constant(I64, t)),
-                             b.mul(j, ir.Constant(I64, bpsub)))  # fmt: skip
-                bsum = b.load(b.gep(r["xb"], [xb_t]))
-                if bpsub == 2:
-                    bsum = b.add(bsum, b.load(b.gep(r["xb"], [b.add(xb_t, ir.Constant(I64, 1))])))
-                xa_j = j if sub == 32 else b.lshr(j, ir.Constant(I64, 1))
-                xa_t = b.add(b.mul(b.lshr(k, ir.Constant(I64, 5)), ir.Constant(I64, t)), xa_j)
-                a = b.load(b.gep(r["xa"], [xa_t]))
-                offb = _splat_i(b, b.mul(b.trunc(r["off"], I32), bsum))
-                tmp = cgutils.alloca_once_value(
-                    b, b.fmul(sc, b.sitofp(b.sub(em.sums(), offb), vec(F32, 16)))
-                )  # type: ignore[no-untyped-call]
-                with b.if_then(r["has_min"]):
-                    fb = _splat_f(b, b.sitofp(bsum, F32))
-                    b.store(b.fadd(b.load(tmp), b.fmul(b.load(mn), fb)), tmp)
-                b.store(b.fadd(b.load(acc), b.fmul(_splat_f(b, a), b.load(tmp))), acc)
+            for h in range(pieces):  # the sub-block's activation blocks (one when longer)
+                for em in ems:
+                    em.reset()
+                k0 = b.add(b.mul(j, ir.Constant(I64, sub)), ir.Constant(I64, h * plen))
+                w = b.gep(r["w"], [b.add(b.mul(j, ir.Constant(I64, gpsub * group_bytes)),
+                                         ir.Constant(I64, h * gpp * group_bytes))])  # fmt: skip
+                xs = [b.gep(r["x"], [b.mul(b.add(b.mul(k, ir.Constant(I64, t)), k0),
+                                           ir.Constant(I64, elem))]) for t in range(rows)]  # fmt: skip
+                accumulate_groups(b, list(zip(ems, xs, strict=True)), four_bit, w, gpp)
+                for t, em in enumerate(ems):
+                    xb_t = b.add(b.mul(b.lshr(k, ir.Constant(I64, 4)), ir.Constant(I64, t)),
+                                 b.lshr(k0, ir.Constant(I64, 4)))  # fmt: skip
+                    bsum = b.load(b.gep(r["xb"], [xb_t]))
+                    if plen == 32:
+                        bsum = b.add(
+                            bsum, b.load(b.gep(r["xb"], [b.add(xb_t, ir.Constant(I64, 1))]))
+                        )
+                    xa_t = b.add(b.mul(b.udiv(k, ir.Constant(I64, ab)), ir.Constant(I64, t)),
+                                 b.udiv(k0, ir.Constant(I64, ab)))  # fmt: skip
+                    a = b.load(b.gep(r["xa"], [xa_t]))
+                    if pieces == 1:
+                        _combine_one(b, r, sc, b.load(mn), em.sums(), bsum, a, accs[t])
+                        continue
+                    # a piece of the sub-block: its scaled sum, and that of its activations
+                    fs, fb = b.sitofp(em.sums(), vec(F32, 16)), b.sitofp(bsum, F32)
+                    if h == 0:
+                        part, xsum = b.fmul(_splat_f(b, a), fs), b.fmul(a, fb)
+                    else:
+                        part = _fma(b, _splat_f(b, a), fs, b.load(parts[t]))
+                        xsum = _fma(b, a, fb, b.load(xsums[t]))
+                    b.store(part, parts[t])
+                    b.store(xsum, xsums[t])
+            for t in range(rows if pieces > 1 else 0):
+                _combine_pieces(b, r, sc, b.load(mn), b.load(parts[t]), b.load(xsums[t]), accs[t])
     for t, acc in enumerate(accs):
         out = b.gep(b.bitcast(r["out"], vec(F32, 16).as_pointer()), [ir.Constant(I64, t)])
         b.store(b.load(acc), out, align=4)
+
+
+def _combine_one(
+    b: ir.IRBuilder, r: dict[str, ir.Value], sc: ir.Value, mn: ir.Value, sums: ir.Value,
+    bsum: ir.Value, a: ir.Value, acc: ir.Value,
+) -> None:  # fmt: skip
+    """acc += a * (sc * float(S - off * B) + mn * float(B)): a sub-block inside one
+    activation block (S the 16 rows' sums, B the activations' sum, a their scale)."""
+    offb = _splat_i(b, b.mul(b.trunc(r["off"], I32), bsum))
+    tmp = cgutils.alloca_once_value(b, b.fmul(sc, b.sitofp(b.sub(sums, offb), vec(F32, 16))))  # type: ignore[no-untyped-call]
+    with b.if_then(r["has_min"]):
+        fb = _splat_f(b, b.sitofp(bsum, F32))
+        b.store(b.fadd(b.load(tmp), b.fmul(mn, fb)), tmp)
+    b.store(b.fadd(b.load(acc), b.fmul(_splat_f(b, a), b.load(tmp))), acc)
+
+
+def _combine_pieces(
+    b: ir.IRBuilder, r: dict[str, ir.Value], sc: ir.Value, mn: ir.Value, part: ir.Value,
+    xsum: ir.Value, acc: ir.Value,
+) -> None:  # fmt: skip
+    """acc = fma(sc, P - off * X, acc), then acc = fma(mn, X, acc) with minimums: a
+    sub-block over several activation blocks, P the sum over them of a * float(S), X that of
+    a * float(B) (fused multiply-adds, rounded once: the float work of two blocks in about
+    the instructions of one)."""
+    offx = b.fmul(b.sitofp(r["off"], F32), xsum)
+    b.store(_fma(b, sc, b.fsub(part, _splat_f(b, offx)), b.load(acc)), acc)
+    with b.if_then(r["has_min"]):
+        b.store(_fma(b, mn, _splat_f(b, xsum), b.load(acc)), acc)
 
 
 def _splat_i(b: ir.IRBuilder, v: ir.Value) -> ir.Value:

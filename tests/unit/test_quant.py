@@ -76,10 +76,14 @@ def test_exact_mode_equals_float64_on_both_paths(qtype: Q, n: int) -> None:
     assert np.isnan(out[:, :3]).all() and np.isnan(out[:, 3 + ROWS :]).all()
 
 
+# activations per scale: int8 per 16, int16 per 32
+BLOCK = {Numerics.INT8: 16, Numerics.INT16: 32}
+
+
 def quantized_reference(x: np.ndarray, w: np.ndarray, numerics: Numerics) -> np.ndarray:
-    """x rounded per block of 32 as the kernels do, times w, in float64."""
+    """x rounded per block as the kernels do, times w, in float64."""
     a = weights.quantize(x, numerics)
-    xr = a.xq.astype(np.float64) * np.repeat(a.xa.astype(np.float64), 32, axis=1)
+    xr = a.xq.astype(np.float64) * np.repeat(a.xa.astype(np.float64), BLOCK[numerics], axis=1)
     return xr @ w.astype(np.float64).T
 
 
@@ -135,13 +139,31 @@ def test_quantized_activations_round_per_block() -> None:
     x = RNG.standard_normal((2, 64)).astype(np.float32)
     x[1, 32:] = 0  # an all-zero block
     for numerics, qmax in ((Numerics.INT8, 127), (Numerics.INT16, 32767)):
-        a = weights.quantize(x, numerics)
-        amax = np.abs(x.reshape(2, 2, 32)).max(-1)
+        a, blk = weights.quantize(x, numerics), BLOCK[numerics]
+        amax = np.abs(x.reshape(2, 64 // blk, blk)).max(-1)
         np.testing.assert_array_equal(a.xa, (amax / np.float32(qmax)).astype(np.float32))
         assert np.abs(a.xq).max() == qmax and not a.xq[1, 32:].any()
         np.testing.assert_array_equal(a.xb, a.xq.reshape(2, 4, 16).astype(np.int32).sum(-1))
-        err = np.abs(a.xq * np.repeat(a.xa, 32, axis=1) - x)
-        assert (err <= np.repeat(a.xa, 32, axis=1) * 0.5 * (1 + 1e-6)).all()
+        err = np.abs(a.xq * np.repeat(a.xa, blk, axis=1) - x)
+        assert (err <= np.repeat(a.xa, blk, axis=1) * 0.5 * (1 + 1e-6)).all()
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+def test_int8_scales_each_16_activations_apart(qtype: Q) -> None:
+    # each 32 activations: 100 and 15 zeros (exact in int8), then 16 values in [-1, 1]. With
+    # one scale per 32 the 100 would set the small values' rounding step too (100 / 127)
+    raw, w = blocks(qtype)
+    m = PackedMatrix.pack(qtype.name, gguf_types.decode(qtype, raw), Numerics.INT8)
+    x = RNG.uniform(-1, 1, (3, COLS)).astype(np.float32)
+    x[:, np.arange(COLS) % 32 < 16] = 0
+    x[:, ::32] = 100
+    got = np.empty((3, ROWS), np.float32)
+    m.matmul(x, got)
+    # 256 small values, each off by at most half their own step 1 / 127: ~10 standard
+    # deviations of their summed error (a step of 100 / 127 would be 100 times that)
+    rms_w = np.sqrt((w.astype(np.float64) ** 2).mean())
+    bound = 10 * (1 / 127) * np.sqrt(COLS / 2 / 12) * rms_w
+    assert np.abs(got - reference(x, w)).max() <= bound
 
 
 def test_mixed_parts_fuse_along_the_output_dimension() -> None:
