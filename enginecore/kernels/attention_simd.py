@@ -28,8 +28,9 @@ from numba.extending import intrinsic
 
 from enginecore.kernels.dot import host_features
 from enginecore.kernels.f16 import kv_load
+from enginecore.kernels.simd import f16x16, fma, fma32, splat_f
 
-F32, F16, I16, I64 = ir.FloatType(), ir.HalfType(), ir.IntType(16), ir.IntType(64)
+F32, I64 = ir.FloatType(), ir.IntType(64)
 V16 = ir.VectorType(F32, 16)
 LANES = 16
 
@@ -41,22 +42,9 @@ QK_HEADS = 4 if _WIDE else 2
 PV_HEADS, PV_VECS = (4, 4) if _WIDE else (2, 2)
 
 
-def _fma(b: ir.IRBuilder, x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
-    fnty = ir.FunctionType(V16, [V16, V16, V16])
-    return b.call(b.module.declare_intrinsic("llvm.fma.v16f32", fnty=fnty), [x, y, acc])
-
-
-def _splat(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
-    u = b.insert_element(ir.Constant(V16, ir.Undefined), v, ir.Constant(ir.IntType(32), 0))
-    return b.shuffle_vector(u, u, ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
-
-
 def _load16(b: ir.IRBuilder, p: ir.Value, f16: bool) -> ir.Value:
     """16 consecutive KV elements (float32, or fp16 bits widened) at p as a float32 vector."""
-    if not f16:
-        return b.load(b.bitcast(p, V16.as_pointer()), align=4)
-    v = b.load(b.bitcast(p, ir.VectorType(I16, 16).as_pointer()), align=2)
-    return b.fpext(b.bitcast(v, ir.VectorType(F16, 16)), V16)
+    return f16x16(b, p) if f16 else b.load(b.bitcast(p, V16.as_pointer()), align=4)
 
 
 def _ptr(
@@ -71,50 +59,34 @@ def _i64(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
     return b.sext(v, I64) if v.type.width < 64 else v
 
 
-def _qk_variant(b: ir.IRBuilder, f16: bool, heads: int, nv: int, r: dict[str, ir.Value]) -> None:
-    accs = [
-        [cgutils.alloca_once_value(b, ir.Constant(V16, None)) for _ in range(nv)]  # type: ignore[no-untyped-call]
-        for _ in range(heads)
-    ]
-    with cgutils.for_range(b, r["n"]) as loop:
-        i = loop.index
-        row = b.gep(r["k"], [b.mul(i, r["k_stride"])])
-        ks = [_load16(b, b.gep(row, [ir.Constant(I64, LANES * c)]), f16) for c in range(nv)]
-        for g in range(heads):
-            qv = _splat(
-                b, b.load(b.gep(r["q"], [b.add(b.mul(ir.Constant(I64, g), r["q_stride"]), i)]))
-            )
-            for c in range(nv):
-                b.store(_fma(b, qv, ks[c], b.load(accs[g][c])), accs[g][c])
-    for g in range(heads):
-        base = b.gep(r["s"], [b.mul(ir.Constant(I64, g), r["s_stride"])])
-        for c in range(nv):
-            dst = b.bitcast(b.gep(base, [ir.Constant(I64, LANES * c)]), V16.as_pointer())
-            b.store(b.load(accs[g][c]), dst, align=4)
+def _emit_tile(
+    b: ir.IRBuilder, f16: bool, accumulate: bool, heads: int, nv: int, r: dict[str, ir.Value]
+) -> None:
+    # o[g o_stride + 16 c + lane] (= 0, or its value when `accumulate`) + the fma chain over
+    # i < n of x[g x_stride + i] * kv[i kv_stride + 16 c + lane], for g < heads, c < nv
+    def out(g: int, c: int) -> ir.Value:
+        at = b.add(b.mul(ir.Constant(I64, g), r["o_stride"]), ir.Constant(I64, LANES * c))
+        return b.bitcast(b.gep(r["o"], [at]), V16.as_pointer())
 
-
-def _pv_variant(b: ir.IRBuilder, f16: bool, heads: int, nv: int, r: dict[str, ir.Value]) -> None:
-    def acc_ptr(g: int, c: int) -> ir.Value:
-        at = b.add(b.mul(ir.Constant(I64, g), r["a_stride"]), ir.Constant(I64, LANES * c))
-        return b.bitcast(b.gep(r["a"], [at]), V16.as_pointer())
+    def start(g: int, c: int) -> ir.Value:
+        return b.load(out(g, c), align=4) if accumulate else ir.Constant(V16, None)
 
     accs = [
-        [cgutils.alloca_once_value(b, b.load(acc_ptr(g, c), align=4)) for c in range(nv)]  # type: ignore[no-untyped-call]
+        [cgutils.alloca_once_value(b, start(g, c)) for c in range(nv)]  # type: ignore[no-untyped-call]
         for g in range(heads)
     ]
     with cgutils.for_range(b, r["n"]) as loop:
-        j = loop.index
-        row = b.gep(r["v"], [b.mul(j, r["v_stride"])])
-        vs = [_load16(b, b.gep(row, [ir.Constant(I64, LANES * c)]), f16) for c in range(nv)]
+        i = loop.index
+        row = b.gep(r["kv"], [b.mul(i, r["kv_stride"])])
+        kvs = [_load16(b, b.gep(row, [ir.Constant(I64, LANES * c)]), f16) for c in range(nv)]
         for g in range(heads):
-            wv = _splat(
-                b, b.load(b.gep(r["w"], [b.add(b.mul(ir.Constant(I64, g), r["w_stride"]), j)]))
-            )
+            at = b.add(b.mul(ir.Constant(I64, g), r["x_stride"]), i)
+            xv = splat_f(b, b.load(b.gep(r["x"], [at])))
             for c in range(nv):
-                b.store(_fma(b, wv, vs[c], b.load(accs[g][c])), accs[g][c])
+                b.store(fma(b, xv, kvs[c], b.load(accs[g][c])), accs[g][c])
     for g in range(heads):
         for c in range(nv):
-            b.store(b.load(accs[g][c]), acc_ptr(g, c), align=4)
+            b.store(b.load(accs[g][c]), out(g, c), align=4)
 
 
 def _tile(kind: str, max_heads: int, max_vecs: int) -> Any:
@@ -145,14 +117,7 @@ def _tile(kind: str, max_heads: int, max_vecs: int) -> Any:
                 "o": _ptr(context, b, ty["o"], v["o"], _i64(b, v["o_off"])),
                 **{k: _i64(b, v[k]) for k in ("x_stride", "kv_stride", "n", "o_stride")},
             }
-            if kind == "qk":
-                r = {"q": r["x"], "q_stride": r["x_stride"], "k": r["kv"],
-                     "k_stride": r["kv_stride"], "n": r["n"], "s": r["o"], "s_stride": r["o_stride"]}  # fmt: skip
-            else:
-                r = {"w": r["x"], "w_stride": r["x_stride"], "v": r["kv"],
-                     "v_stride": r["kv_stride"], "n": r["n"], "a": r["o"], "a_stride": r["o_stride"]}  # fmt: skip
             heads, nv = _i64(b, v["heads"]), _i64(b, v["nv"])
-            emit = _qk_variant if kind == "qk" else _pv_variant
             for hh in range(1, max_heads + 1):
                 for vv in range(1, max_vecs + 1):
                     hit = b.and_(
@@ -160,7 +125,7 @@ def _tile(kind: str, max_heads: int, max_vecs: int) -> Any:
                         b.icmp_signed("==", nv, ir.Constant(I64, vv)),
                     )
                     with b.if_then(hit):
-                        emit(b, f16, hh, vv, r)
+                        _emit_tile(b, f16, kind == "pv", hh, vv, r)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -177,21 +142,6 @@ qk_tile = _tile("qk", QK_HEADS, 2)
 # g < heads (<= PV_HEADS) and d < 16 * nv (nv <= PV_VECS): a[a_off + g a_stride + d] +=
 # w[w_off + g w_stride + j] * v[v_off + j v_stride + d] for j = 0 .. n - 1 in order, as fmas.
 pv_tile = _tile("pv", PV_HEADS, PV_VECS)
-
-
-def _fma_scalar(typingctx: Any, x: Any, y: Any, acc: Any) -> Any:
-    """float32 x * y + acc with one rounding (llvm.fma), as the vector tiles compute a lane."""
-    if not (x == y == acc == types.float32):
-        return None
-
-    def codegen(context: Any, b: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        fnty = ir.FunctionType(F32, [F32, F32, F32])
-        return b.call(b.module.declare_intrinsic("llvm.fma.f32", fnty=fnty), list(args))
-
-    return types.float32(x, y, acc), codegen
-
-
-fma32: Any = intrinsic(_fma_scalar)
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -35,8 +35,9 @@ from enginecore.kernels.dot import (
 F32, F16 = ir.FloatType(), ir.HalfType()
 
 
-def _fma(b: ir.IRBuilder, x: ir.Value, y: ir.Value, z: ir.Value) -> ir.Value:
-    """x * y + z rounded once (llvm.fma: the same bits on every path and CPU)."""
+def fma(b: ir.IRBuilder, x: ir.Value, y: ir.Value, z: ir.Value) -> ir.Value:
+    """x * y + z rounded once (llvm.fma: the same bits on every path and CPU); float32 or
+    <16 x float>."""
     name = "llvm.fma.f32" if x.type == F32 else "llvm.fma.v16f32"
     fnty = ir.FunctionType(x.type, [x.type] * 3)
     return b.call(b.module.declare_intrinsic(name, fnty=fnty), [x, y, z])
@@ -47,21 +48,22 @@ def _fma32(typingctx: Any, x: Any, y: Any, z: Any) -> Any:
         return None
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        return _fma(builder, *args)
+        return fma(builder, *args)
 
     return types.float32(x, y, z), codegen
 
 
-# fma32(x, y, z) float32: x * y + z rounded once, for the portable loops (kernels/panels.py)
+# fma32(x, y, z) float32: x * y + z rounded once, for the portable loops (kernels/panels.py,
+# kernels/attention_simd.py)
 fma32: Any = intrinsic(_fma32)
 
 
-def _splat_f(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+def splat_f(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
     u = b.insert_element(ir.Constant(vec(F32, 16), ir.Undefined), v, ir.Constant(I32, 0))
     return b.shuffle_vector(u, u, ir.Constant(vec(I32, 16), [0] * 16))
 
 
-def _f16x16(b: ir.IRBuilder, f16s: ir.Value) -> ir.Value:
+def f16x16(b: ir.IRBuilder, f16s: ir.Value) -> ir.Value:
     """16 fp16 values (at f16s) widened to float32."""
     v = b.load(b.bitcast(f16s, vec(I16, 16).as_pointer()), align=1)
     return b.fpext(b.bitcast(v, vec(F16, 16)), vec(F32, 16))
@@ -78,7 +80,7 @@ def _times_int8(b: ir.IRBuilder, v: ir.Value, ints: ir.Value, scaled: ir.Value) 
 
 def _scale16(b: ir.IRBuilder, f16s: ir.Value, ints: ir.Value, scaled: ir.Value) -> ir.Value:
     """fp16 values (at f16s) widened, times int8 ones (at ints) when `scaled` (i1)."""
-    return _times_int8(b, _f16x16(b, f16s), ints, scaled)
+    return _times_int8(b, f16x16(b, f16s), ints, scaled)
 
 
 def _emit_rows(
@@ -125,10 +127,10 @@ def _emit_sub_rows(
     # super-blocks, then their sub-blocks: the super-block scales without a division
     with cgutils.for_range(b, b.udiv(r["n_sub"], r["sps"])) as outer:
         big_j = outer.index
-        dv = _f16x16(b, b.gep(r["d"], [b.mul(big_j, c16)]))
+        dv = f16x16(b, b.gep(r["d"], [b.mul(big_j, c16)]))
         dmv = cgutils.alloca_once_value(b, zero)  # type: ignore[no-untyped-call]
         with b.if_then(r["has_min"]):
-            b.store(_f16x16(b, b.gep(r["dm"], [b.mul(big_j, c16)])), dmv)
+            b.store(f16x16(b, b.gep(r["dm"], [b.mul(big_j, c16)])), dmv)
         with cgutils.for_range(b, r["sps"]) as inner:
             j = b.add(b.mul(big_j, r["sps"]), inner.index)
             sc = _times_int8(b, dv, b.gep(r["isc"], [b.mul(j, c16)]), scaled)
@@ -161,10 +163,10 @@ def _emit_sub_rows(
                     # a piece of the sub-block: its scaled sum, and that of its activations
                     fs, fb = b.sitofp(em.sums(), vec(F32, 16)), b.sitofp(bsum, F32)
                     if h == 0:
-                        part, xsum = b.fmul(_splat_f(b, a), fs), b.fmul(a, fb)
+                        part, xsum = b.fmul(splat_f(b, a), fs), b.fmul(a, fb)
                     else:
-                        part = _fma(b, _splat_f(b, a), fs, b.load(parts[t]))
-                        xsum = _fma(b, a, fb, b.load(xsums[t]))
+                        part = fma(b, splat_f(b, a), fs, b.load(parts[t]))
+                        xsum = fma(b, a, fb, b.load(xsums[t]))
                     b.store(part, parts[t])
                     b.store(xsum, xsums[t])
             for t in range(rows if pieces > 1 else 0):
@@ -183,9 +185,9 @@ def _combine_one(
     offb = _splat_i(b, b.mul(b.trunc(r["off"], I32), bsum))
     tmp = cgutils.alloca_once_value(b, b.fmul(sc, b.sitofp(b.sub(sums, offb), vec(F32, 16))))  # type: ignore[no-untyped-call]
     with b.if_then(r["has_min"]):
-        fb = _splat_f(b, b.sitofp(bsum, F32))
+        fb = splat_f(b, b.sitofp(bsum, F32))
         b.store(b.fadd(b.load(tmp), b.fmul(mn, fb)), tmp)
-    b.store(b.fadd(b.load(acc), b.fmul(_splat_f(b, a), b.load(tmp))), acc)
+    b.store(b.fadd(b.load(acc), b.fmul(splat_f(b, a), b.load(tmp))), acc)
 
 
 def _combine_pieces(
@@ -197,9 +199,9 @@ def _combine_pieces(
     a * float(B) (fused multiply-adds, rounded once: the float work of two blocks in about
     the instructions of one)."""
     offx = b.fmul(b.sitofp(r["off"], F32), xsum)
-    b.store(_fma(b, sc, b.fsub(part, _splat_f(b, offx)), b.load(acc)), acc)
+    b.store(fma(b, sc, b.fsub(part, splat_f(b, offx)), b.load(acc)), acc)
     with b.if_then(r["has_min"]):
-        b.store(_fma(b, mn, _splat_f(b, xsum), b.load(acc)), acc)
+        b.store(fma(b, mn, splat_f(b, xsum), b.load(acc)), acc)
 
 
 def _splat_i(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
@@ -215,12 +217,12 @@ def _emit_exact_row(b: ir.IRBuilder, four_bit: bool, r: dict[str, ir.Value]) -> 
     s = cgutils.alloca_once_value(b, ir.Constant(v16, None))  # type: ignore[no-untyped-call]
     per_group = 8 if four_bit else 4
     gpsub = b.udiv(r["sub"], ir.Constant(I64, per_group))
-    offv = _splat_f(b, b.sitofp(r["off"], F32))
+    offv = splat_f(b, b.sitofp(r["off"], F32))
     scaled = b.icmp_unsigned(">", r["sps"], ir.Constant(I64, 1))
     fma = b.module.declare_intrinsic("llvm.fmuladd.v16f32", fnty=ir.FunctionType(v16, [v16] * 3))
 
     def add(values: ir.Value, k: ir.Value) -> None:
-        xk = _splat_f(b, b.load(b.gep(r["x"], [k])))
+        xk = splat_f(b, b.load(b.gep(r["x"], [k])))
         b.store(b.call(fma, [b.fsub(b.sitofp(values, v16), offv), xk, b.load(s)]), s)
 
     with cgutils.for_range(b, r["n_sub"]) as loop:
@@ -244,7 +246,7 @@ def _emit_exact_row(b: ir.IRBuilder, four_bit: bool, r: dict[str, ir.Value]) -> 
         with b.if_then(r["has_min"]):
             mn = _scale16(b, b.gep(r["dm"], [b.mul(big_j, ir.Constant(I64, 16))]),
                           b.gep(r["imn"], [b.mul(j, ir.Constant(I64, 16))]), scaled)  # fmt: skip
-            xs = _splat_f(b, b.load(b.gep(r["xa"], [j])))
+            xs = splat_f(b, b.load(b.gep(r["xa"], [j])))
             b.store(b.fadd(b.load(tmp), b.fmul(mn, xs)), tmp)
         b.store(b.fadd(b.load(acc), b.load(tmp)), acc)
     b.store(b.load(acc), b.bitcast(r["out"], v16.as_pointer()), align=4)
