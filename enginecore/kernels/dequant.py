@@ -18,7 +18,7 @@ from numba.extending import intrinsic
 
 from enginecore.kernels import gemm
 from enginecore.kernels.dot import I8, I16, I32, I64, vec
-from enginecore.kernels.panels import LANES, sub_scales
+from enginecore.kernels.panels import LANES, group_values, sub_scales
 from enginecore.kernels.simd import panel_row_4, panel_row_8
 
 F32 = ir.FloatType()
@@ -218,20 +218,24 @@ def f32_gemm(x, fmt, out, col0, n_rows, parts):
 @njit(parallel=True, cache=True, nogil=True)
 def dequantize_rows(ids, fmt, out):
     # out (n, K) float32 = rows ids of the matrix (an embedding lookup); lanes uint32 or
-    # uint16 (4 or 2 bytes per row and group)
+    # uint16 (4 or 2 bytes per row and group; two words with 4-bit weights)
     lanes, d, dm, isc, imn, four_bit, off, sub, sps, has_min = fmt
     n, K = out.shape
     il = lanes.itemsize
-    per_group = 2 * il if four_bit else il
+    per_group = group_values(lanes, four_bit)
     for t in prange(n):
         p, r = ids[t] // LANES, ids[t] % LANES
         for k in range(K):
             g, rem = k // per_group, k % per_group
-            shift = 8 * rem
-            mask = 255
-            if four_bit:
-                shift = 8 * (rem % il) + 4 * (rem // il)
-                mask = 15
-            v = (np.int64(lanes[p, g * LANES + r]) >> shift) & mask
+            if four_bit and il == 2:  # two words per row: nibble q of word e is 2q + e
+                word = lanes[p, g * 2 * LANES + 2 * r + rem % 2]
+                v = (np.int64(word) >> (4 * (rem // 2))) & 15
+            else:
+                shift = 8 * rem
+                mask = 255
+                if four_bit:
+                    shift = 8 * (rem % il) + 4 * (rem // il)
+                    mask = 15
+                v = (np.int64(lanes[p, g * LANES + r]) >> shift) & mask
             sc, mn = sub_scales(d, dm, isc, imn, p, sps, has_min, k // sub, r)
             out[t, k] = _weight(v, off, sc, mn, has_min)

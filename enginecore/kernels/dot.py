@@ -10,9 +10,18 @@ lane is one row's next weights, so one instruction against a broadcast group of 
 adds one row's partial sum to each int32 lane and no horizontal reduction is needed. The sums
 are exact integers on every path, so which path ran never changes a result.
 
-Layout of one group (`il` = 4 for int8, 2 for int16 activations; 16 * il bytes):
-  8-bit weights: byte r * il + b is row r's weight k0 + b; the group covers il values of k.
-  4-bit weights: its low nibble is weight k0 + b, its high nibble weight k0 + il + b.
+Layout of one group of 16 rows (`group_layout`: its bytes and the values of k it covers):
+  8-bit weights (`il` = 4 for int8, 2 for int16 activations; 16 * il bytes): byte r * il + b
+    is row r's weight k0 + b.
+  4-bit weights, int8 activations (64 bytes, 8 values): byte r * 4 + b's low nibble is weight
+    k0 + b, its high nibble weight k0 + 4 + b.
+  4-bit weights, int16 activations (64 bytes, 8 values): row r's 4 bytes are two 16-bit
+    words, the first holding weights k0, k0 + 2, k0 + 4, k0 + 6 in its nibbles (lowest
+    first), the second k0 + 1, k0 + 3, k0 + 5, k0 + 7. Nibble p of both words, masked in
+    place, is the pair (k0 + 2p, k0 + 2p + 1) times 16^p, which one vpdpwssd multiplies by
+    the broadcast activation pair: no byte-to-word widening (a shuffle-port instruction per
+    32 weights, which bounded the one-row kernel), and the sums of each p kept apart and
+    shifted right by 4p at the end are the same exact integers.
 """
 
 from __future__ import annotations
@@ -84,6 +93,13 @@ def _dpwssd(b: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.Valu
     return b.asm(ty, "vpdpwssd $3, $2, $0", "=v,0,v,v", [acc, w, x], False)
 
 
+def group_layout(int16: bool, four_bit: bool) -> tuple[int, int]:
+    """(bytes, values of k) of one group of 16 rows' weights (the module's docstring)."""
+    if four_bit:
+        return 64, 8
+    return (32, 2) if int16 else (64, 4)
+
+
 def load_at(b: ir.IRBuilder, base: ir.Value, offset: ir.Value, ty: ir.Type) -> ir.Value:
     ptr = b.bitcast(b.gep(base, [offset]), ty.as_pointer())
     return b.load(ptr, align=1)
@@ -100,8 +116,9 @@ class Emitter:
     """Accumulates one panel's 16 int32 sums over a run of groups, for one ISA and mode."""
 
     def __init__(
-        self, b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool, chains: int = 1
-    ) -> None:
+        self, b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool, chains: int = 1,
+        planes: bool = False,
+    ) -> None:  # fmt: skip
         self.b, self.isa, self.int16, self.four_bit = b, isa, int16, four_bit
         wide = isa == Isa.AVX512_VNNI
         # accumulators: one <16 x i32> (512-bit), two <8 x i32> halves, or (AVX2 with 8-bit
@@ -110,20 +127,27 @@ class Emitter:
         # not its throughput, bounded a single activation row). The copies are added at the
         # end: integer sums, so the same result.
         self.n_acc = 1 if wide else (4 if self._widened() else 2)
+        # `planes` (4-bit weights, int16 activations): the nibbles are multiplied in place,
+        # nibble p scaled by 16^p, each p into its own accumulators, shifted back at the end
+        self.shifts = [0, 4, 8, 0] if planes else [0]
         self.chains = chains
         self.chain = 0  # the copy the next piece adds to
+        self.plane = 0  # the nibble position of the next piece (planes only)
         width = 16 if wide else 8
         self.sets = [
             [
-                cgutils.alloca_once_value(b, ir.Constant(vec(I32, width), None))  # type: ignore[no-untyped-call]
-                for _ in range(self.n_acc)
+                [
+                    cgutils.alloca_once_value(b, ir.Constant(vec(I32, width), None))  # type: ignore[no-untyped-call]
+                    for _ in range(self.n_acc)
+                ]
+                for _ in range(chains)
             ]
-            for _ in range(chains)
+            for _ in self.shifts
         ]
 
     @property
     def acc(self) -> list[ir.Value]:
-        return self.sets[self.chain]
+        return self.sets[self.plane][self.chain]
 
     def _widened(self) -> bool:
         # vpmaddubsw sums two u8 * s8 products into a saturating int16: exact for 4-bit
@@ -134,29 +158,30 @@ class Emitter:
         self.b.store(self.b.add(self.b.load(self.acc[i]), v), self.acc[i])
 
     def piece(self, w: ir.Value, x32: ir.Value) -> None:
-        """Rows' next il weights (w: 16 * il bytes) times il activations (x32)."""
+        """Rows' next il weights (w: 16 * il bytes, or with int16 activations 32 words) times
+        il activations (x32)."""
         b, isa = self.b, self.isa
+        if self.int16 and w.type == vec(I8, 32):
+            w = b.zext(w, vec(I16, 32))  # 8-bit weights widened to words
         if isa == Isa.AVX512_VNNI:
             acc = self.acc[0]
             if self.int16:
-                wv = b.zext(w, vec(I16, 32))
-                r = _dpwssd(b, b.load(acc), wv, _splat(b, x32, 16, vec(I16, 32)))
+                r = _dpwssd(b, b.load(acc), w, _splat(b, x32, 16, vec(I16, 32)))
             else:
                 r = _call(b, "llvm.x86.avx512.vpdpbusd.512", vec(I32, 16), b.load(acc), w,
                           _splat(b, x32, 16, vec(I8, 64)))  # fmt: skip
             b.store(r, acc)
             return
-        n_bytes = 32 if self.int16 else 64
-        halves = [_part8(b, w, h * n_bytes // 2, n_bytes // 2) for h in range(2)]
+        n = 32 if self.int16 else 64  # elements of w
+        halves = [_part8(b, w, h * n // 2, n // 2) for h in range(2)]
         for h, half in enumerate(halves):  # rows 0..7, rows 8..15
             if self.int16:
-                wv = b.zext(half, vec(I16, 16))
                 xv = _splat(b, x32, 8, vec(I16, 16))
                 if isa == Isa.AVX_VNNI:
-                    r = _call(b, "llvm.x86.avx512.vpdpwssd.256", vec(I32, 8), b.load(self.acc[h]), wv, xv)  # fmt: skip
+                    r = _call(b, "llvm.x86.avx512.vpdpwssd.256", vec(I32, 8), b.load(self.acc[h]), half, xv)  # fmt: skip
                     b.store(r, self.acc[h])
                 else:
-                    self._add(h, _call(b, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), wv, xv))
+                    self._add(h, _call(b, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), half, xv))
             elif isa == Isa.AVX_VNNI:
                 xv = _splat(b, x32, 8, vec(I8, 32))
                 r = _call(b, "llvm.x86.avx512.vpdpbusd.256", vec(I32, 8), b.load(self.acc[h]), half, xv)  # fmt: skip
@@ -178,16 +203,22 @@ class Emitter:
                     self._add(2 * h + q, _call(b, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), wq, xv))
 
     def reset(self) -> None:
-        for accs in self.sets:
-            for a in accs:
-                self.b.store(ir.Constant(a.type.pointee, None), a)
+        for chains in self.sets:
+            for accs in chains:
+                for a in accs:
+                    self.b.store(ir.Constant(a.type.pointee, None), a)
 
     def sums(self) -> ir.Value:
         """The 16 rows' int32 sums as one <16 x i32>."""
         b = self.b
-        p = [b.load(a) for a in self.sets[0]]
-        for accs in self.sets[1:]:
-            p = [b.add(x, b.load(a)) for x, a in zip(p, accs, strict=True)]
+        p: list[ir.Value] = []
+        for shift, chains in zip(self.shifts, self.sets, strict=True):
+            q = [b.load(a) for a in chains[0]]
+            for accs in chains[1:]:
+                q = [b.add(x, b.load(a)) for x, a in zip(q, accs, strict=True)]
+            if shift:  # exact: every product of this plane is a multiple of 16^p
+                q = [b.ashr(x, ir.Constant(x.type, [shift] * x.type.count)) for x in q]
+            p = q if not p else [b.add(x, y) for x, y in zip(p, q, strict=True)]
         if self.n_acc == 1:
             return p[0]
         if self.n_acc == 4:  # (row, partial) pairs -> rows
@@ -214,19 +245,36 @@ def accumulate_groups(
     """Add the panel rows' integer dot products over n_groups groups from w to each
     (accumulators, activations) pair of `rows`: one weight load and unpack for all of them.
     Straight-line code (a sub-block's few groups), consecutive pieces on consecutive chains."""
-    group_bytes = 32 if rows[0][0].int16 else 64
-    x_bytes = 8 if four_bit else 4  # activations per group, in bytes
+    first = rows[0][0]
+    group_bytes, k_per_group = group_layout(first.int16, four_bit)
+    elem = 2 if first.int16 else 1
     pieces = 0
     for g in range(n_groups):
         wv = load_at(b, w, ir.Constant(I64, g * group_bytes), vec(I8, group_bytes))
-        if four_bit:
+        x_group = g * k_per_group * elem  # the group's first activation, in bytes
+        if four_bit and first.int16:
+            # nibble p of every word: the pair (k0 + 2p, k0 + 2p + 1); in place (times 16^p)
+            # with planes, else shifted down and masked (the many-row kernels share it)
+            words = b.bitcast(wv, vec(I16, 32))
+            parts = []
+            for p in range(4):
+                if p == 3:
+                    part = b.lshr(words, ir.Constant(vec(I16, 32), [12] * 32))
+                elif len(first.shifts) > 1:
+                    part = b.and_(words, ir.Constant(vec(I16, 32), [15 << 4 * p] * 32))
+                else:
+                    shifted = b.lshr(words, ir.Constant(vec(I16, 32), [4 * p] * 32)) if p else words
+                    part = b.and_(shifted, ir.Constant(vec(I16, 32), [15] * 32))
+                parts.append((part, x_group + 4 * p, p))
+        elif four_bit:
             mask = ir.Constant(vec(I8, group_bytes), [15] * group_bytes)
             shift = ir.Constant(vec(I8, group_bytes), [4] * group_bytes)
-            halves = [(b.and_(wv, mask), 0), (b.lshr(wv, shift), 4)]
+            parts = [(b.and_(wv, mask), x_group, 0), (b.lshr(wv, shift), x_group + 4, 0)]
         else:
-            halves = [(wv, 0)]
-        for part, x_off in halves:
+            parts = [(wv, x_group, 0)]
+        for part, x_off, plane in parts:
             for em, x in rows:
                 em.chain = pieces % em.chains
-                em.piece(part, load_at(b, x, ir.Constant(I64, g * x_bytes + x_off), I32))
+                em.plane = plane if len(em.shifts) > 1 else 0
+                em.piece(part, load_at(b, x, ir.Constant(I64, x_off), I32))
             pieces += 1

@@ -5,7 +5,8 @@
 Every GGUF type is decoded at load into one kernel format (enginecore/loader/gguf_types.py):
 small unsigned integers `v` with a per-type offset, in 16-row panels (layout: kernels/dot.py;
 `lanes` is a panel's bytes viewed as one uint32 (4 bytes per row, int8 activations and exact
-mode) or uint16 (2 bytes per row, int16 activations) per row and group), and per row:
+mode) or uint16 (int16 activations: 2 bytes per row, or two words with 4-bit weights) per
+row and group), and per row:
 
   d  (P, n_super, 16) uint16: fp16 bits of the super-block scale
   dm (P, n_super, 16) uint16: fp16 bits of the super-block minimum (n_super = 0: none)
@@ -113,17 +114,30 @@ def quantize_rows(x, qmax, xq, xa, xb):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def group_values(lanes, four_bit):
+    # values of k in one group of 16 rows (kernels/dot.py's group_layout)
+    return 8 if four_bit else lanes.itemsize
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _portable_sums(lanes, p, g0, n_groups, four_bit, xq, t, k0, s16):
     # s16 (16,) int32 = the panel's integer sums over groups g0.. against xq[t, k0..]
     il = lanes.itemsize
-    per_group = 2 * il if four_bit else il
+    per_group = group_values(lanes, four_bit)
     for r in range(LANES):
         s16[r] = 0
     for g in range(n_groups):
         kg = k0 + g * per_group
         for r in range(LANES):
-            w = np.int64(lanes[p, (g0 + g) * LANES + r])
             s = 0
+            if four_bit and il == 2:  # two words per row: nibble q of word e is kg + 2q + e
+                for e in range(2):
+                    w = np.int64(lanes[p, (g0 + g) * 2 * LANES + 2 * r + e])
+                    for q in range(4):
+                        s += ((w >> (4 * q)) & 15) * xq[t, kg + 2 * q + e]
+                s16[r] += s
+                continue
+            w = np.int64(lanes[p, (g0 + g) * LANES + r])
             for b in range(il):
                 if four_bit:
                     s += ((w >> (8 * b)) & 15) * xq[t, kg + b]
@@ -139,8 +153,7 @@ def _portable_row(lanes, p, four_bit, off, sub, has_min, sc, mn, xq, xa, xb, t, 
     # a sub-block inside one activation block adds a * (sc * (S - off * B) + mn * B); one
     # over several (int8's blocks of 16 in a sub-block of 32) adds sc * (P - off * X) + mn * X
     # by fused multiply-adds, P and X the sums over its blocks of a * S and a * B
-    il = lanes.itemsize
-    per_group = 2 * il if four_bit else il
+    per_group = group_values(lanes, four_bit)
     ab = act_block(xq)
     pieces = max(sub // ab, 1)
     plen = sub // pieces

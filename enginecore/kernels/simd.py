@@ -27,6 +27,7 @@ from enginecore.kernels.dot import (
     Emitter,
     Isa,
     accumulate_groups,
+    group_layout,
     load_at,
     supported,
     vec,
@@ -107,12 +108,16 @@ def _emit_sub_rows(
     # 32 zmm registers' worth; 2 of the 16 ymm on the 256-bit paths); several rows already
     # give as many independent chains
     chains = 1 if rows > 1 else (4 if isa == Isa.AVX512_VNNI else 2)
-    ems = [Emitter(b, isa, int16, four_bit, chains) for _ in range(rows)]
+    # 4-bit weights, int16 activations, one row, 512-bit: the four nibble positions are four
+    # independent accumulators already (kernels/dot.py's planes), so no more chains
+    planes = rows == 1 and int16 and four_bit and isa == Isa.AVX512_VNNI
+    if planes:
+        chains = 1
+    ems = [Emitter(b, isa, int16, four_bit, chains, planes) for _ in range(rows)]
     zero = ir.Constant(vec(F32, 16), None)
     accs = [cgutils.alloca_once_value(b, zero) for _ in range(rows)]  # type: ignore[no-untyped-call]
     elem = 2 if int16 else 1
-    group_bytes = 32 if int16 else 64
-    per_group = (2 if int16 else 4) * (2 if four_bit else 1)  # k values per group
+    group_bytes, per_group = group_layout(int16, four_bit)  # per_group: values of k
     gpsub = sub // per_group
     ab = 32 if int16 else 16  # activations per scale (kernels/panels.py's act_block)
     pieces = max(sub // ab, 1)

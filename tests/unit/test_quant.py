@@ -182,16 +182,36 @@ def test_mixed_parts_fuse_along_the_output_dimension() -> None:
         close(out, want, 1e-5 if numerics == Numerics.EXACT else 3e-2)
 
 
-def test_portable_sums_match_numpy_integers() -> None:
-    dec = gguf_types.decode(Q.Q5_1, blocks(Q.Q5_1, 16, 64)[0])
+@pytest.mark.parametrize("qtype", [Q.Q5_1, Q.Q4_1], ids=lambda t: t.name)
+def test_portable_sums_match_numpy_integers(qtype: Q) -> None:
+    dec = gguf_types.decode(qtype, blocks(qtype, 16, 64)[0])
     for numerics in INTEGER:
-        m = PackedMatrix.pack("Q5_1", dec, numerics)
+        m = PackedMatrix.pack(qtype.name, dec, numerics)
         xq = RNG.integers(-100, 100, (1, 64)).astype(
             np.int16 if numerics == Numerics.INT16 else np.int8
         )
         s16 = np.empty(16, np.int32)
-        panels._portable_sums(m.lanes, 0, 0, 32 // m.lanes.itemsize, False, xq, 0, 0, s16)
+        groups = 32 // panels.group_values(m.lanes, dec.four_bit)
+        panels._portable_sums(m.lanes, 0, 0, groups, dec.four_bit, xq, 0, 0, s16)
         np.testing.assert_array_equal(s16, dec.v[:, :32].astype(np.int64) @ xq[0, :32])
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_int16_nibble_planes_hold_the_largest_sums(sign: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # every nibble 15 times full-scale activations: the largest int32 sums the 4-bit int16
+    # kernels form (nibble 2 of a word is multiplied in place, times 256), on every path
+    dec = gguf_types.decode(Q.Q4_0, blocks(Q.Q4_0, 16, 256)[0])
+    dec.v[:] = 15
+    m = PackedMatrix.pack("Q4_0", dec, Numerics.INT16)
+    x = np.full((1, 256), sign * 3.0, np.float32)
+    a = weights.quantize(x, Numerics.INT16)
+    assert (np.abs(a.xq) == 32767).all()
+    for isa in dot.supported():
+        monkeypatch.setattr(weights, "ISA", isa)
+        got = np.empty((1, 16), np.float32)
+        m.matmul(x, got)
+        want = quantized_reference(x, gguf_types.dequantize(dec), Numerics.INT16)
+        close(got, want, 1e-6)
 
 
 @pytest.mark.parametrize("which", ["gguf_quant", "gguf_f32"])
