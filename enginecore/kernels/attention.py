@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit, prange
 
-from enginecore.kernels import gemm, threads
+from enginecore.kernels import gemm
 from enginecore.kernels.attention_simd import (
     LANES,
     PV_HEADS,
@@ -44,8 +43,6 @@ from enginecore.kernels.ops import fast_exp
 # Query tokens per GEMM tile of the BLAS path: smaller tiles skip more of the causal upper
 # triangle (4 tiles of a 512-token chunk compute 62% of the full square) but make more calls.
 QUERY_TILE = 128
-# The numba kernel runs on one thread when it attends for fewer tokens than this.
-SERIAL_BELOW_TOKENS = 3
 
 
 @njit(cache=True, nogil=True)
@@ -87,16 +84,18 @@ def _first_visible(pos, window):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _scores(qf, q0, kf, table, lo, ctx, n_kv, group, head_dim, bs, sf, s0, span):
-    # sf[s0 + h span + p] = q[h] . k[p] for the blocks of positions lo..ctx-1 (whole 16-lane
-    # pieces: a few past ctx too); q[h] at qf[q0 + h head_dim:]; kf the flat K cache
+def _scores(qf, q0, kf, table, lo, ctx, n_kv, group, h0, h1, head_dim, bs, sf, s0, span):
+    # sf[s0 + h span + p] = q[h] . k[p] for heads h0..h1-1 and the blocks of positions
+    # lo..ctx-1 (whole 16-lane pieces: a few past ctx too); q[h] at qf[q0 + h head_dim:]; kf
+    # the flat K cache
     per_block = n_kv * head_dim * bs
     for b in range(lo // bs, -(-ctx // bs)):
         used = min(bs, ctx - b * bs)
-        for kvh in range(n_kv):
+        for kvh in range(h0 // group, -(-h1 // group)):
             k0 = table[b] * per_block + kvh * head_dim * bs
-            for g0 in range(0, group, QK_HEADS):
-                heads = min(QK_HEADS, group - g0)
+            g1 = min(h1 - kvh * group, group)
+            for g0 in range(max(h0 - kvh * group, 0), g1, QK_HEADS):
+                heads = min(QK_HEADS, g1 - g0)
                 h = kvh * group + g0
                 q_at, s_at = q0 + h * head_dim, s0 + h * span + b * bs
                 if bs < LANES:
@@ -109,15 +108,18 @@ def _scores(qf, q0, kf, table, lo, ctx, n_kv, group, head_dim, bs, sf, s0, span)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _weighted_values(sf, s0, span, vf, table, lo, ctx, n_kv, group, head_dim, bs, af, a0):
-    # af[a0 + h head_dim + d] += sum over p in lo..ctx-1, in order, of s[h, p] v[p, d]
+def _weighted_values(sf, s0, span, vf, table, lo, ctx, n_kv, group, h0, h1, head_dim, bs, af,
+                     a0):  # fmt: skip
+    # af[a0 + h head_dim + d] += sum over p in lo..ctx-1, in order, of s[h, p] v[p, d], for
+    # heads h0..h1-1
     row = n_kv * head_dim  # a position's V rows of all kv heads
     for b in range(lo // bs, -(-ctx // bs)):
         j0, j1 = max(lo - b * bs, 0), min(ctx - b * bs, bs)
-        for kvh in range(n_kv):
+        for kvh in range(h0 // group, -(-h1 // group)):
             v0 = (table[b] * bs + j0) * row + kvh * head_dim
-            for g0 in range(0, group, PV_HEADS):
-                heads = min(PV_HEADS, group - g0)
+            g1 = min(h1 - kvh * group, group)
+            for g0 in range(max(h0 - kvh * group, 0), g1, PV_HEADS):
+                heads = min(PV_HEADS, g1 - g0)
                 h = kvh * group + g0
                 w_at, a_at = s0 + h * span + b * bs + j0, a0 + h * head_dim
                 if head_dim % LANES:
@@ -141,16 +143,23 @@ def paged_attention(
     # window > 0); out (n, n_heads * head_dim); scale: of q.k before the softmax
     # One item per token, all heads: a block's K (and V) rows of every kv head sit together
     # in the cache, so an item streams each block as one contiguous run, which the hardware
-    # prefetcher follows. Worker w takes items w, w + workers, ...: neighbouring rows have
-    # alike contexts, so contiguous shares would be unbalanced. Two passes over a scores row
-    # (q.k, then softmax and v) measured 2.7x faster than an online softmax rescaling per block.
+    # prefetcher follows. Fewer tokens than workers (a decode of one sequence): one item per
+    # (token, kv head), so that every worker has a share (splitting a kv head's group of
+    # queries further loses the tiles' shared K loads, and measured no faster). Each head's
+    # scores and sums are the same operations in the same order either way, so the split
+    # never changes a bit.
+    # Worker w takes items w, w + workers, ...: neighbouring rows have alike contexts, so
+    # contiguous shares would be unbalanced. Two passes over a scores row (q.k, then softmax
+    # and v) measured 2.7x faster than an online softmax rescaling per block.
     n_kv, head_dim, bs = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     group = n_heads // n_kv
-    n_items = tokens.shape[0]
+    n_tokens = tokens.shape[0]
     max_ctx = 1
-    for k in range(n_items):
+    for k in range(n_tokens):
         max_ctx = max(max_ctx, positions[tokens[k]] + 1)
     span = -(-max_ctx // bs) * bs  # a scores row holds whole blocks
+    per_item = group if n_tokens < workers else n_heads  # heads per item
+    n_items = n_tokens * (n_heads // per_item)
     # scratch per worker (a few KB, it stays in cache), allocated once per call; flat views
     # for the vector tiles
     acc = np.empty((workers, n_heads, head_dim), np.float32)
@@ -162,20 +171,23 @@ def paged_attention(
         q, sc, a = qs[w], score[w], acc[w]
         q0, s0 = w * n_heads * head_dim, w * n_heads * span
         for item in range(w, n_items, workers):
-            t = tokens[item]
+            t = tokens[item * per_item // n_heads]
+            h0 = item * per_item % n_heads
+            h1 = h0 + per_item
             s = seq_of_token[t]
             ctx = positions[t] + 1
             lo = _first_visible(positions[t], window)
-            for h in range(n_heads):
+            for h in range(h0, h1):
                 for i in range(head_dim):
                     q[h, i] = qkv[t, h * head_dim + i] * np.float32(scale)
                     a[h, i] = np.float32(0.0)
             table = block_tables[s]
-            _scores(qf, q0, kf, table, lo, ctx, n_kv, group, head_dim, bs, sf, s0, span)
-            for h in range(n_heads):  # q was scaled already
+            _scores(qf, q0, kf, table, lo, ctx, n_kv, group, h0, h1, head_dim, bs, sf, s0, span)
+            for h in range(h0, h1):  # q was scaled already
                 _softmax_row(sc, h, lo, ctx, np.float32(1.0))
-            _weighted_values(sf, s0, span, vf, table, lo, ctx, n_kv, group, head_dim, bs, af, q0)
-            for h in range(n_heads):
+            _weighted_values(sf, s0, span, vf, table, lo, ctx, n_kv, group, h0, h1, head_dim, bs,
+                             af, q0)  # fmt: skip
+            for h in range(h0, h1):
                 for i in range(head_dim):
                     out[t, h * head_dim + i] = a[h, i]
 
@@ -274,17 +286,12 @@ def attend(
     `window` positions when window > 0); scale defaults to 1 / sqrt(head_dim)."""
     if scale is None:
         scale = 1.0 / math.sqrt(k_cache.shape[2])  # head_dim
-    n_tokens = p.kernel_tokens.shape[0]
-    # a couple of ~30 us items do not pay for a parallel region (and under load, one region
-    # costs a scheduler tick while the second thread waits for a core)
-    with threads.limited(1) if n_tokens < SERIAL_BELOW_TOKENS else nullcontext():
-        if n_tokens:
-            workers = min(numba.get_num_threads(), n_tokens)
-            paged_attention(
-                qkv, p.kernel_tokens, seq_of_token, positions, block_tables,
-                k_cache, v_cache, n_heads, out, workers, window, scale,
-            )  # fmt: skip
-    block_size = k_cache.shape[1]
+    if p.kernel_tokens.shape[0]:
+        paged_attention(
+            qkv, p.kernel_tokens, seq_of_token, positions, block_tables, k_cache, v_cache,
+            n_heads, out, numba.get_num_threads(), window, scale,
+        )  # fmt: skip
+    block_size = k_cache.shape[3]
     for first, end, seq in p.runs:
         table = block_tables[seq, : -(-(int(positions[end - 1]) + 1) // block_size)]
         keys = _as_f32(k_positions(k_cache[table]))  # gathered

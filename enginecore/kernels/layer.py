@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit
 
 from enginecore.kernels import ops
-from enginecore.kernels.attention import SERIAL_BELOW_TOKENS, paged_attention, store_kv
+from enginecore.kernels.attention import paged_attention, store_kv
 from enginecore.kernels.panels import act_block, int_matmul, quantize_rows
 
 
@@ -53,11 +53,9 @@ def int_layer(
     ops.rope(qkv, positions, cos, sin, n_heads + n_kv_heads, head_dim)
     store_kv(qkv, slot_mapping, q_dim, kv_dim, k_cache, v_cache)
     # the same compiled attention kernel as the unfused pass, so that a token's result is the
-    # same bits in any batch (on one worker for a few tokens: kernels/attention.py's attend)
-    n_tokens = tokens.shape[0]
-    attn_workers = 1 if n_tokens < SERIAL_BELOW_TOKENS else min(workers, n_tokens)
+    # same bits in any batch
     paged_attention(qkv, tokens, seq_of_token, positions, block_tables, k_cache, v_cache,
-                    n_heads, att, attn_workers, window, scale)  # fmt: skip
+                    n_heads, att, workers, window, scale)  # fmt: skip
     _matmul(att, kind, qmax, wo, isa, proj, workers)
     ops.add_rmsnorm(x, proj, ffn_norm, eps, h)
     _matmul(h, kind, qmax, w_gate_up, isa, gate_up, workers)
