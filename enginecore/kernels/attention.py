@@ -89,10 +89,13 @@ def _scores(qf, q0, kf, table, lo, ctx, n_kv, group, h0, h1, head_dim, bs, sf, s
     # lo..ctx-1 (whole 16-lane pieces: a few past ctx too); q[h] at qf[q0 + h head_dim:]; kf
     # the flat K cache
     per_block = n_kv * head_dim * bs
-    for b in range(lo // bs, -(-ctx // bs)):
+    n_blocks = -(-ctx // bs)
+    for b in range(lo // bs, n_blocks):
         used = min(bs, ctx - b * bs)
         for kvh in range(h0 // group, -(-h1 // group)):
             k0 = table[b] * per_block + kvh * head_dim * bs
+            # the next block's keys of this kv head, asked for while these are used
+            ahead = table[b + 1] * per_block + kvh * head_dim * bs if b + 1 < n_blocks else -1
             g1 = min(h1 - kvh * group, group)
             for g0 in range(max(h0 - kvh * group, 0), g1, QK_HEADS):
                 heads = min(QK_HEADS, g1 - g0)
@@ -103,8 +106,9 @@ def _scores(qf, q0, kf, table, lo, ctx, n_kv, group, h0, h1, head_dim, bs, sf, s
                     continue
                 for p0 in range(0, used, 2 * LANES):
                     nv = 2 if used - p0 > LANES else 1
+                    pf = ahead + p0 if ahead >= 0 and g0 == 0 else -1
                     qk_tile(qf, q_at, head_dim, kf, k0 + p0, bs, head_dim, sf, s_at + p0, span,
-                            heads, nv)  # fmt: skip
+                            heads, nv, pf)  # fmt: skip
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -113,10 +117,12 @@ def _weighted_values(sf, s0, span, vf, table, lo, ctx, n_kv, group, h0, h1, head
     # af[a0 + h head_dim + d] += sum over p in lo..ctx-1, in order, of s[h, p] v[p, d], for
     # heads h0..h1-1
     row = n_kv * head_dim  # a position's V rows of all kv heads
-    for b in range(lo // bs, -(-ctx // bs)):
+    n_blocks = -(-ctx // bs)
+    for b in range(lo // bs, n_blocks):
         j0, j1 = max(lo - b * bs, 0), min(ctx - b * bs, bs)
         for kvh in range(h0 // group, -(-h1 // group)):
             v0 = (table[b] * bs + j0) * row + kvh * head_dim
+            ahead = table[b + 1] * bs * row + kvh * head_dim if b + 1 < n_blocks else -1
             g1 = min(h1 - kvh * group, group)
             for g0 in range(max(h0 - kvh * group, 0), g1, PV_HEADS):
                 heads = min(PV_HEADS, g1 - g0)
@@ -128,8 +134,9 @@ def _weighted_values(sf, s0, span, vf, table, lo, ctx, n_kv, group, h0, h1, head
                     continue
                 for d0 in range(0, head_dim, LANES * PV_VECS):
                     nv = min(PV_VECS, (head_dim - d0) // LANES)
+                    pf = ahead + d0 if ahead >= 0 and g0 == 0 else -1
                     pv_tile(sf, w_at, span, vf, v0 + d0, row, j1 - j0, af, a_at + d0, head_dim,
-                            heads, nv)  # fmt: skip
+                            heads, nv, pf)  # fmt: skip
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")

@@ -59,11 +59,24 @@ def _i64(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
     return b.sext(v, I64) if v.type.width < 64 else v
 
 
+def _prefetch(b: ir.IRBuilder, p: ir.Value) -> None:
+    """Ask for the cache line at p (read, kept in every level): no fault, no result."""
+    i32 = ir.IntType(32)
+    fnty = ir.FunctionType(ir.VoidType(), [p.type, i32, i32, i32])
+    fn = b.module.declare_intrinsic("llvm.prefetch.p0", fnty=fnty)
+    b.call(fn, [p, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+
+
 def _emit_tile(
     b: ir.IRBuilder, f16: bool, accumulate: bool, heads: int, nv: int, r: dict[str, ir.Value]
 ) -> None:
     # o[g o_stride + 16 c + lane] (= 0, or its value when `accumulate`) + the fma chain over
-    # i < n of x[g x_stride + i] * kv[i kv_stride + 16 c + lane], for g < heads, c < nv
+    # i < n of x[g x_stride + i] * kv[i kv_stride + 16 c + lane], for g < heads, c < nv.
+    # With a prefetch offset (pf_off >= 0), each step also asks for the same row's lines at
+    # kv[pf_off + i kv_stride:]: the next block's, whose addresses the hardware cannot guess
+    # (a block table is a list of scattered blocks)
+    elem = 2 if f16 else 4
+    lines = range(0, max(LANES * nv * elem // 64, 1) * 64 // elem, 64 // elem)
     def out(g: int, c: int) -> ir.Value:
         at = b.add(b.mul(ir.Constant(I64, g), r["o_stride"]), ir.Constant(I64, LANES * c))
         return b.bitcast(b.gep(r["o"], [at]), V16.as_pointer())
@@ -79,6 +92,10 @@ def _emit_tile(
         i = loop.index
         row = b.gep(r["kv"], [b.mul(i, r["kv_stride"])])
         kvs = [_load16(b, b.gep(row, [ir.Constant(I64, LANES * c)]), f16) for c in range(nv)]
+        with b.if_then(r["prefetch"], likely=True):
+            ahead = b.gep(r["pf"], [b.mul(i, r["kv_stride"])])
+            for line in lines:
+                _prefetch(b, b.gep(ahead, [ir.Constant(I64, line)]))
         for g in range(heads):
             at = b.add(b.mul(ir.Constant(I64, g), r["x_stride"]), i)
             xv = splat_f(b, b.load(b.gep(r["x"], [at])))
@@ -93,12 +110,13 @@ def _tile(kind: str, max_heads: int, max_vecs: int) -> Any:
     # kind "qk": (q, q_off, q_stride, k, k_off, k_stride, n, s, s_off, s_stride, heads, nv)
     # kind "pv": (w, w_off, w_stride, v, v_off, v_stride, n, a, a_off, a_stride, heads, nv)
     names = ("x", "x_off", "x_stride", "kv", "kv_off", "kv_stride", "n", "o", "o_off",
-             "o_stride", "heads", "nv")  # fmt: skip
+             "o_stride", "heads", "nv", "pf_off")  # fmt: skip
 
     def typer(typingctx: Any, x: Any, x_off: Any, x_stride: Any, kv: Any, kv_off: Any,
               kv_stride: Any, n: Any, o: Any, o_off: Any, o_stride: Any, heads: Any,
-              nv: Any) -> Any:  # fmt: skip
-        args = (x, x_off, x_stride, kv, kv_off, kv_stride, n, o, o_off, o_stride, heads, nv)
+              nv: Any, pf_off: Any) -> Any:  # fmt: skip
+        args = (x, x_off, x_stride, kv, kv_off, kv_stride, n, o, o_off, o_stride, heads, nv,
+                pf_off)  # fmt: skip
         if not all(isinstance(a, types.Array) and a.layout == "C" for a in (x, kv, o)):
             return None
         if x.dtype != types.float32 or o.dtype != types.float32:
@@ -117,6 +135,9 @@ def _tile(kind: str, max_heads: int, max_vecs: int) -> Any:
                 "o": _ptr(context, b, ty["o"], v["o"], _i64(b, v["o_off"])),
                 **{k: _i64(b, v[k]) for k in ("x_stride", "kv_stride", "n", "o_stride")},
             }
+            pf_off = _i64(b, v["pf_off"])
+            r["prefetch"] = b.icmp_signed(">=", pf_off, ir.Constant(I64, 0))
+            r["pf"] = _ptr(context, b, ty["kv"], v["kv"], pf_off)
             heads, nv = _i64(b, v["heads"]), _i64(b, v["nv"])
             for hh in range(1, max_heads + 1):
                 for vv in range(1, max_vecs + 1):
@@ -133,14 +154,16 @@ def _tile(kind: str, max_heads: int, max_vecs: int) -> Any:
     return intrinsic(typer)
 
 
-# qk_tile(q, q_off, q_stride, k, k_off, k_stride, n, s, s_off, s_stride, heads, nv):
+# qk_tile(q, q_off, q_stride, k, k_off, k_stride, n, s, s_off, s_stride, heads, nv, pf_off):
 # for g < heads (<= QK_HEADS) and p < 16 * nv (nv 1 or 2), flat elements of C-contiguous
 # arrays: s[s_off + g s_stride + p] = sum over i < n, in order, of q[q_off + g q_stride + i]
-# * k[k_off + i k_stride + p], as fmas. Any other heads / nv leave s untouched.
+# * k[k_off + i k_stride + p], as fmas. Any other heads / nv leave s untouched. pf_off >= 0:
+# the same rows of k from element pf_off on are prefetched (never read).
 qk_tile = _tile("qk", QK_HEADS, 2)
-# pv_tile(w, w_off, w_stride, v, v_off, v_stride, n, a, a_off, a_stride, heads, nv): for
-# g < heads (<= PV_HEADS) and d < 16 * nv (nv <= PV_VECS): a[a_off + g a_stride + d] +=
-# w[w_off + g w_stride + j] * v[v_off + j v_stride + d] for j = 0 .. n - 1 in order, as fmas.
+# pv_tile(w, w_off, w_stride, v, v_off, v_stride, n, a, a_off, a_stride, heads, nv, pf_off):
+# for g < heads (<= PV_HEADS) and d < 16 * nv (nv <= PV_VECS): a[a_off + g a_stride + d] +=
+# w[w_off + g w_stride + j] * v[v_off + j v_stride + d] for j = 0 .. n - 1 in order, as fmas;
+# pf_off as qk_tile's.
 pv_tile = _tile("pv", PV_HEADS, PV_VECS)
 
 

@@ -23,13 +23,13 @@ RNG = np.random.default_rng(7)
 
 @njit(cache=True)
 def _qk_both(q, k, k_stride, n, heads, nv, s_tile, s_scalar):
-    qk_tile(q, 3, n + 5, k, 2, k_stride, n, s_tile, 1, 40, heads, nv)
+    qk_tile(q, 3, n + 5, k, 2, k_stride, n, s_tile, 1, 40, heads, nv, 1)  # prefetching k
     qk_scalar(q, 3, n + 5, k, 2, k_stride, n, s_scalar, 1, 40, heads, 16 * nv)
 
 
 @njit(cache=True)
 def _pv_both(w, v, v_stride, n, heads, nv, a_tile, a_scalar):
-    pv_tile(w, 1, n + 3, v, 4, v_stride, n, a_tile, 2, 16 * nv + 7, heads, nv)
+    pv_tile(w, 1, n + 3, v, 4, v_stride, n, a_tile, 2, 16 * nv + 7, heads, nv, -1)
     pv_scalar(w, 1, n + 3, v, 4, v_stride, n, a_scalar, 2, 16 * nv + 7, heads, 16 * nv)
 
 
