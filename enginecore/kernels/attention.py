@@ -45,11 +45,14 @@ from enginecore.kernels.ops import fast_exp
 QUERY_TILE = 128
 
 
-@njit(cache=True, nogil=True)
-def store_kv(qkv, slot_mapping, q_dim, kv_dim, k_cache, v_cache):
-    # qkv (n, q_dim + 2 * kv_dim) = [q | k | v]; slot_mapping (n,) int32
+# Tokens stored on one thread below this many (a parallel region costs more than they do).
+STORE_SERIAL_BELOW = 16
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _store_tokens(qkv, t0, t1, slot_mapping, q_dim, kv_dim, k_cache, v_cache):
     n_kv_heads, head_dim, block_size = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    for t in range(qkv.shape[0]):
+    for t in range(t0, t1):
         slot = slot_mapping[t]
         blk = slot // block_size
         off = slot % block_size
@@ -59,6 +62,22 @@ def store_kv(qkv, slot_mapping, q_dim, kv_dim, k_cache, v_cache):
                 v = qkv[t, q_dim + kv_dim + h * head_dim + i]
                 k_cache[blk, h, i, off] = kv_store(k, k_cache[0, 0, 0, 0])
                 v_cache[blk, off, h, i] = kv_store(v, v_cache[0, 0, 0, 0])
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def store_kv(qkv, slot_mapping, q_dim, kv_dim, k_cache, v_cache, workers):
+    # qkv (n, q_dim + 2 * kv_dim) = [q | k | v]; slot_mapping (n,) int32. A token's keys
+    # land in head_dim cache lines (the K layout is transposed per block), each a miss
+    # waiting for its line: many tokens are stored by `workers` threads, a contiguous share
+    # each (a prefill's neighbours share blocks)
+    n = qkv.shape[0]
+    if n < STORE_SERIAL_BELOW:
+        _store_tokens(qkv, 0, n, slot_mapping, q_dim, kv_dim, k_cache, v_cache)
+        return
+    step = -(-n // workers)
+    for part in prange(workers):
+        t0 = part * step
+        _store_tokens(qkv, t0, min(n, t0 + step), slot_mapping, q_dim, kv_dim, k_cache, v_cache)
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")

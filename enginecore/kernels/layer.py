@@ -51,7 +51,7 @@ def int_layer(
     q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
     _matmul(h, kind, qmax, wqkv, isa, qkv, workers)
     ops.rope(qkv, positions, cos, sin, n_heads + n_kv_heads, head_dim)
-    store_kv(qkv, slot_mapping, q_dim, kv_dim, k_cache, v_cache)
+    store_kv(qkv, slot_mapping, q_dim, kv_dim, k_cache, v_cache, workers)
     # the same compiled attention kernel as the unfused pass, so that a token's result is the
     # same bits in any batch
     paged_attention(qkv, tokens, seq_of_token, positions, block_tables, k_cache, v_cache,

@@ -6,6 +6,7 @@ import math
 
 import numba
 import numpy as np
+import pytest
 from numba import njit
 
 from enginecore.kernels import attention, ops, threads
@@ -204,15 +205,17 @@ def test_fp16_kv_cache_attends_like_the_fp32_cache_holding_the_same_values() -> 
         np.testing.assert_array_equal(outs[1], outs[0])
 
 
-def test_store_kv_rounds_to_fp16_like_numpy() -> None:
+@pytest.mark.parametrize("n", [3, attention.STORE_SERIAL_BELOW + 25])  # one thread, all
+def test_store_kv_rounds_to_fp16_like_numpy(n: int) -> None:
     q_dim, kv_dim = N_HEADS * HD, N_KV * HD
-    qkv = randn(3, q_dim + 2 * kv_dim) * 100
+    qkv = randn(n, q_dim + 2 * kv_dim) * 100
+    blocks = -(-3 * n // BS)
     k_cache, v_cache = (
-        np.zeros((4, N_KV, HD, BS), np.uint16),
-        np.zeros((4, BS, N_KV, HD), np.uint16),
+        np.zeros((blocks, N_KV, HD, BS), np.uint16),
+        np.zeros((blocks, BS, N_KV, HD), np.uint16),
     )
-    slots = np.array([13, 2, 7], np.int32)
-    attention.store_kv(qkv, slots, q_dim, kv_dim, k_cache, v_cache)
+    slots = np.random.default_rng(n).permutation(blocks * BS)[:n].astype(np.int32)
+    attention.store_kv(qkv, slots, q_dim, kv_dim, k_cache, v_cache, 2)
     flat_k = attention.k_positions(k_cache).reshape(-1, kv_dim)[slots]
     flat_v = v_cache.reshape(-1, kv_dim)[slots]
     np.testing.assert_array_equal(
@@ -231,7 +234,7 @@ def test_store_kv_writes_each_slot() -> None:
         np.zeros((4, BS, N_KV, HD), np.float32),
     )
     slots = np.array([13, 2, 7], np.int32)
-    attention.store_kv(qkv, slots, q_dim, kv_dim, k_cache, v_cache)
+    attention.store_kv(qkv, slots, q_dim, kv_dim, k_cache, v_cache, 2)
     flat_k = attention.k_positions(k_cache).reshape(-1, kv_dim)
     flat_v = v_cache.reshape(-1, kv_dim)
     np.testing.assert_array_equal(flat_k[slots], qkv[:, q_dim : q_dim + kv_dim])
