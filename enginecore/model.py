@@ -282,9 +282,8 @@ def _forward(
             ops.head_rmsnorm(qkv, 0, cfg.num_heads, cfg.head_dim, lw.q_norm, eps)
             ops.head_rmsnorm(qkv, cfg.q_dim, cfg.num_kv_heads, cfg.head_dim, lw.k_norm, eps)
         rotate(qkv, positions, cos, sin, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
-        attention.store_kv(
-            qkv, slot_mapping, cfg.q_dim, cfg.kv_dim, cache.k[layer], cache.v[layer], threads.count()
-        )
+        attention.store_kv(qkv, slot_mapping, cfg.q_dim, cfg.kv_dim, cache.k[layer],
+                           cache.v[layer], threads.count())  # fmt: skip
         attention.attend(
             qkv, plan, seq_of_token, positions, block_tables, cache.k[layer], cache.v[layer],
             cfg.num_heads, att, cfg.layer_window[layer], cfg.query_scale,

@@ -140,9 +140,11 @@ class PackedMatrix:
         n_panels = -(-n // panels.LANES)
         v = np.pad(dec.v, ((0, n_panels * panels.LANES - n), (0, 0)))
         if dec.four_bit and il == 2:  # two words per row: nibble q of word e is k0 + 2q + e
-            g = v.reshape(n_panels, panels.LANES, k // 8, 4, 2).astype(np.uint16)
-            words = g[:, :, :, 0] | g[:, :, :, 1] << 4 | g[:, :, :, 2] << 8 | g[:, :, :, 3] << 12
-            groups = words.astype(np.uint16).view(np.uint8).reshape(n_panels, panels.LANES, k // 8, 4)
+            w = v.reshape(n_panels, panels.LANES, k // 8, 4, 2).astype(np.uint16)
+            words = w[:, :, :, 0] | w[:, :, :, 1] << 4 | w[:, :, :, 2] << 8 | w[:, :, :, 3] << 12
+            groups: npt.NDArray[Any] = words.view(np.uint8).reshape(
+                n_panels, panels.LANES, k // 8, 4
+            )
         elif dec.four_bit:
             g = v.reshape(n_panels, panels.LANES, k // (2 * il), 2, il)
             groups = g[:, :, :, 0, :] | (g[:, :, :, 1, :] << np.uint8(4))

@@ -77,6 +77,7 @@ def _emit_tile(
     # (a block table is a list of scattered blocks)
     elem = 2 if f16 else 4
     lines = range(0, max(LANES * nv * elem // 64, 1) * 64 // elem, 64 // elem)
+
     def out(g: int, c: int) -> ir.Value:
         at = b.add(b.mul(ir.Constant(I64, g), r["o_stride"]), ir.Constant(I64, LANES * c))
         return b.bitcast(b.gep(r["o"], [at]), V16.as_pointer())

@@ -197,7 +197,9 @@ def test_portable_sums_match_numpy_integers(qtype: Q) -> None:
 
 
 @pytest.mark.parametrize("sign", [1, -1])
-def test_int16_nibble_planes_hold_the_largest_sums(sign: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_int16_nibble_planes_hold_the_largest_sums(
+    sign: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # every nibble 15 times full-scale activations: the largest int32 sums the 4-bit int16
     # kernels form (nibble 2 of a word is multiplied in place, times 256), on every path
     dec = gguf_types.decode(Q.Q4_0, blocks(Q.Q4_0, 16, 256)[0])
