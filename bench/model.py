@@ -27,7 +27,9 @@ from shared.config import BUNDLED_MODEL, EngineConfig
 ROOT = Path(__file__).resolve().parents[1]
 
 BLOCK = EngineConfig().block_size  # the core's default
-SEQ_BLOCKS = -(-288 // BLOCK)  # each decode sequence owns 288 slots, contiguous
+DECODE_STEPS = 64  # decode_batch's steps: contexts grow by one a step
+# each decode sequence owns the slots of its largest context (255 + the last step), contiguous
+SEQ_BLOCKS = -(-(256 + DECODE_STEPS) // BLOCK)
 FIRST_BLOCK = -(-512 // BLOCK)  # the blocks before hold the 512-token prefill
 
 
@@ -80,7 +82,10 @@ def blas_same_matmuls(
 
 
 def decode_batch(num_seqs: int, step: int, first_block: int) -> Batch:
-    """One decode token per sequence, contexts spread over 128..256 (~100..200 for one)."""
+    """One decode token per sequence, contexts spread over 128..256 (~100..200 for one), plus
+    `step` (< DECODE_STEPS: the sequences' blocks hold no more)."""
+    if not 0 <= step < DECODE_STEPS:
+        raise ValueError(f"decode step {step}: at most {DECODE_STEPS} steps fit the blocks")
     chunks = []
     for s in range(num_seqs):
         ctx = (150 if num_seqs == 1 else 128 + (s * 37) % 128) + step

@@ -37,7 +37,14 @@ import numpy as np
 from numba.core.registry import CPUDispatcher
 
 from bench.engine import Core, random_prompts
-from bench.model import BLOCK, FIRST_BLOCK, SEQ_BLOCKS, decode_batch, prefill_batch
+from bench.model import (
+    BLOCK,
+    DECODE_STEPS,
+    FIRST_BLOCK,
+    SEQ_BLOCKS,
+    decode_batch,
+    prefill_batch,
+)
 from bench.models import resolve
 from enginecore.kernels import attention, dequant, gemm, layer, ops, panels
 from enginecore.model_runner import ModelRunner
@@ -234,6 +241,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.step:
         steps = args.steps or (5 if args.prefill else 50)
+        if not args.prefill and steps > DECODE_STEPS:
+            parser.error(f"--steps: at most {DECODE_STEPS} decode steps (bench.model's contexts)")
         step_profile(args.model, args.numerics, args.rows, args.prefill, steps)
         return
     # the venv's bin is not on PATH when the bench runs as .venv/bin/python -m bench.profile
