@@ -113,3 +113,20 @@ def test_paged_attention_equals_dense_attention(
             e = np.exp(s - s.max())
             ref = (e / e.sum()) @ values[lo : p + 1, h // group]
             np.testing.assert_allclose(out[t, h * hd : (h + 1) * hd], ref, rtol=1e-4, atol=1e-5)
+
+
+@njit(cache=True)
+def _row_max(s, r, lo, lim):
+    return attention._row_max(s, r, lo, lim)
+
+
+def test_a_softmax_rows_max_is_the_max_of_its_span() -> None:
+    # eight partial maxima and a scalar tail: every span length, start and place of the max
+    s = RNG.standard_normal((3, 70)).astype(np.float32)
+    for lo in (0, 1, 7, 9):
+        for lim in range(lo + 1, 70):
+            for r in range(3):
+                assert _row_max(s, r, lo, lim) == s[r, lo:lim].max()
+    s[1, 33] = 1e6  # one large element, in a partial and in the tail
+    assert _row_max(s, 1, 0, 64) == np.float32(1e6)
+    assert _row_max(s, 1, 30, 34) == np.float32(1e6)
