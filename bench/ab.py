@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
+import os
 import re
 import statistics
 import subprocess
@@ -68,14 +69,27 @@ def base_package(rev: str) -> Path:
 
 
 def sides(rev: str, name: str) -> dict[str, ModuleType]:
-    """{"base": REV's module `name`, "new": the checkout's}."""
+    """{"base": REV's module `name`, "new": the checkout's}. The base's kernels package keys
+    numba's cache folder on its own source (enginecore/kernels/__init__.py) and writes it to
+    NUMBA_CACHE_DIR and numba's config: both are put back after the import, so the base's
+    kernels keep the folder they were declared with and the checkout's process state is its
+    own."""
+    import numba
+
+    new = importlib.import_module(f"enginecore.{name}")
     root = str(base_package(rev))
     if root not in sys.path:
         sys.path.insert(0, root)
-    return {
-        "base": importlib.import_module(f"{BASE}.{name}"),
-        "new": importlib.import_module(f"enginecore.{name}"),
-    }
+    env, config = os.environ.get("NUMBA_CACHE_DIR"), numba.config.CACHE_DIR  # type: ignore[attr-defined]
+    try:
+        base = importlib.import_module(f"{BASE}.{name}")
+    finally:
+        if env is None:
+            os.environ.pop("NUMBA_CACHE_DIR", None)
+        else:
+            os.environ["NUMBA_CACHE_DIR"] = env
+        numba.config.CACHE_DIR = config  # type: ignore[attr-defined]
+    return {"base": base, "new": new}
 
 
 def compare(outs: dict[str, np.ndarray]) -> str:
