@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from enginecore import weights
-from enginecore.kernels import attention, gemm, ops, threads
+from enginecore.kernels import attention, gemm, ops, panels, threads
 from enginecore.kernels import layer as kernel_layer
 from enginecore.weights import EXACT_STREAM_MAX_ROWS, F32, I32, Weights
 
@@ -155,12 +155,51 @@ class StackedLayers:
     windows: npt.NDArray[np.int64]  # (n_layers,)
 
 
+def _cut_part(part: tuple[Any, int], cuts: list[int]) -> list[tuple[Any, int]]:
+    """A panel part (fmt, n_rows) cut at the given row offsets inside it (multiples of
+    LANES): views of its panels, the same numbers for every output element."""
+    fmt, n_rows = part
+    pieces, start = [], 0
+    for end in [*cuts, n_rows]:
+        a, b = start // panels.LANES, -(-end // panels.LANES)
+        pieces.append((tuple(x[a:b] for x in fmt[:5]) + tuple(fmt[5:]), end - start))
+        start = end
+    return pieces
+
+
+def _common_parts(layers: list[tuple[Any, ...]]) -> list[tuple[Any, ...]] | None:
+    """Every layer's matrices cut into parts at the union of all layers' part boundaries, so
+    that layers which fuse different runs of types have the same structure (llama.cpp's
+    Q4_K_M gives some layers' v projection its own type and fuses others' with q and k: one
+    part in those layers, two in these); None when a boundary is not at a panel's edge."""
+    out: list[list[Any]] = [[] for _ in layers]
+    for m in range(len(layers[0])):
+        bounds: set[int] = set()
+        for layer in layers:
+            at = 0
+            for _, n_rows in layer[m][:-1]:
+                at += n_rows
+                bounds.add(at)
+        if any(b % panels.LANES for b in bounds):
+            return None
+        for i, layer in enumerate(layers):
+            parts, at = [], 0
+            for part in layer[m]:
+                inside = sorted(b - at for b in bounds if at < b < at + part[1])
+                parts += _cut_part(part, inside)
+                at += part[1]
+            out[i].append(tuple(parts))
+    return [tuple(mats) for mats in out]
+
+
 def stack_layers(cfg: ModelConfig, w: Weights, rope: list[tuple[F32, F32]]) -> StackedLayers | None:
     """The layers stacked for one call per step, or None when they cannot run so."""
     panel_layers = w.panel_layers()
     if panel_layers is None or cfg.activation != "silu" or not all(lw.plain for lw in w.layers):
         return None
     if not kernel_layer.one_type(panel_layers):
+        panel_layers = _common_parts(panel_layers)
+    if panel_layers is None or not kernel_layer.one_type(panel_layers):
         return None  # the layers mix matrix types: a call per layer
     tables: list[tuple[F32, F32]] = []
     rope_of_layer = np.empty(len(rope), np.int32)

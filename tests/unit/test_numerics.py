@@ -111,11 +111,14 @@ def test_a_layer_in_one_numba_call_gives_the_unfused_bits(
 
 
 @pytest.mark.parametrize("numerics", INTEGER)
+@pytest.mark.parametrize("which", ["gguf_q8_0", "gguf_q4_k_m"])
 def test_all_layers_in_one_numba_call_give_the_bits_of_a_call_per_layer(
-    tiny: TinyModels, numerics: str
+    tiny: TinyModels, which: str, numerics: str
 ) -> None:
-    r = runner(tiny, "gguf_q8_0", numerics)
-    assert r.stacked is not None  # one matrix type throughout: one call per step
+    # Q8_0 throughout; or layers whose fused q/k/v differ (one part in layer 1, two in layer
+    # 0), cut into the same parts
+    r = runner(tiny, which, numerics)
+    assert r.stacked is not None  # one call per step
     rng = np.random.default_rng(4)
     chunks = [SeqChunk(PROMPT, 0, list(range(8)), 2)]
     chunks += [SeqChunk(rng.integers(0, 256, 1).tolist(), 9 + s, list(range(8 + 4 * s, 12 + 4 * s)), 1)
