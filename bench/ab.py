@@ -26,6 +26,7 @@ import importlib
 import io
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -59,6 +60,7 @@ def base_package(rev: str) -> Path:
         check=True,
     ).stdout  # fmt: skip
     staging = root.with_name(root.name + ".part")
+    shutil.rmtree(staging, ignore_errors=True)  # what an interrupted run left
     with tarfile.open(fileobj=io.BytesIO(tree)) as tar:
         tar.extractall(staging, filter="data")
     for path in (staging / "enginecore").rglob("*.py"):
