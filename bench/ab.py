@@ -182,8 +182,8 @@ def matmul_case(args: argparse.Namespace) -> None:
 
     from tests.fixtures.quant_blocks import random_blocks
 
-    mods = {k: (sides(args.base, "weights")[k], sides(args.base, "loader.gguf_types")[k],
-                sides(args.base, "kernels.panels")[k]) for k in ("base", "new")}  # fmt: skip
+    w, g, p = (sides(args.base, m) for m in ("weights", "loader.gguf_types", "kernels.panels"))
+    mods = {k: (w[k], g[k], p[k]) for k in ("base", "new")}
     rng = np.random.default_rng(0)
     print(f"integer matmul, numerics {args.numerics}; us per call")
     for qname in args.types:

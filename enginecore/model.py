@@ -162,7 +162,7 @@ def _cut_part(part: tuple[Any, int], cuts: list[int]) -> list[tuple[Any, int]]:
     pieces, start = [], 0
     for end in [*cuts, n_rows]:
         a, b = start // panels.LANES, -(-end // panels.LANES)
-        pieces.append((tuple(x[a:b] for x in fmt[:5]) + tuple(fmt[5:]), end - start))
+        pieces.append((weights.panel_slice(fmt, a, b), end - start))
         start = end
     return pieces
 

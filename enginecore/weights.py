@@ -169,6 +169,7 @@ class PackedMatrix:
         return sum(int(a.nbytes) for a in (self.lanes, self.d, self.dm, self.isc, self.imn))
 
     def _format(self) -> tuple[Any, ...]:
+        # the per-panel arrays first (panel_slice relies on it), then the type's constants
         return (self.lanes, self.d, self.dm, self.isc, self.imn, self.four_bit, self.off,
                 self.sub, self.sps, self.has_min)  # fmt: skip
 
@@ -197,6 +198,12 @@ class PackedMatrix:
     def panel_parts(self) -> tuple[tuple[Any, int], ...] | None:
         """((format, rows),) for kernels/layer.py; None in exact mode."""
         return None if self.numerics == Numerics.EXACT else ((self._format(), self.shape[0]),)
+
+
+def panel_slice(fmt: tuple[Any, ...], p0: int, p1: int) -> tuple[Any, ...]:
+    """Panels p0..p1-1 of a panel format (PackedMatrix._format): views of its five per-panel
+    arrays, the same constants."""
+    return tuple(a[p0:p1] for a in fmt[:5]) + fmt[5:]
 
 
 @dataclass(slots=True)
