@@ -47,7 +47,7 @@ def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
 def dense_copy(m: Matrix) -> np.ndarray:
     """The fp32 weights of a matrix (the benchmark's BLAS reference; the engine keeps none)."""
     if isinstance(m, DenseMatrix):
-        return m.w
+        return m.rows()
     if isinstance(m, FusedMatrix):
         return np.concatenate([dense_copy(p) for p in m.parts])
     out = np.empty(m.shape, np.float32)

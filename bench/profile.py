@@ -46,13 +46,13 @@ from bench.model import (
     prefill_batch,
 )
 from bench.models import resolve
-from enginecore.kernels import attention, dequant, gemm, layer, ops, panels
+from enginecore.kernels import attention, dense, dequant, gemm, layer, ops, panels
 from enginecore.model_runner import ModelRunner
 from enginecore.weights import PackedMatrix, Weights
 from shared.config import BUNDLED_MODEL, EngineConfig
 from shared.protocol import SamplingParams
 
-KERNEL_MODULES = (attention, dequant, gemm, layer, ops, panels)
+KERNEL_MODULES = (attention, dense, dequant, gemm, layer, ops, panels)
 
 # the part of a layer (or step) each kernel does, for the split of the unfused pass
 PARTS = {
@@ -71,7 +71,7 @@ PARTS = {
     "ops.gelu_mul": "activation",
     "ops.gelu_mul_parallel": "activation",
     "dequant.dequantize_rows": "embedding",
-    "ops.gather_rows_f32": "embedding",
+    "dense.gather": "embedding",
 }
 
 

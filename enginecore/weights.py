@@ -1,7 +1,7 @@
 """The canonical in-memory weights, whatever file they came from, and how a matrix is applied.
 
 A matrix's type chooses its kernels: `DenseMatrix` (F32, F16 and BF16 files, Hugging Face
-checkpoints) multiplies by fp32 sgemm; `PackedMatrix` (every quantized GGUF type) keeps its
+checkpoints) multiplies by a batch-invariant fp32 kernel (kernels/dense.py); `PackedMatrix` (every quantized GGUF type) keeps its
 integer form in 16-row panels and multiplies by the panel kernels of its `Numerics`
 (kernels/panels.py), never through a dense fp32 copy; `FusedMatrix` stacks parts of
 different types along the output dimension (fused q/k/v or gate/up of a mixed file).
@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from enginecore.kernels import dequant, dot, gemm, ops, panels, threads
+from enginecore.kernels import dense, dequant, dot, gemm, panels, threads
 
 F32 = npt.NDArray[np.float32]
 I32 = npt.NDArray[np.int32]
@@ -84,28 +84,41 @@ def quantize(x: F32, numerics: Numerics) -> Activations:
 
 @dataclass(slots=True)
 class DenseMatrix:
-    """(out_features, in_features) fp32; rows are output features."""
+    """An fp32 matrix in transposed panels of output rows (kernels/dense.py): every output
+    element one fma chain in a fixed order, whatever the batch."""
 
-    w: F32
+    panels: F32  # (ceil(N / dense.PANEL), K, dense.PANEL)
+    n: int  # output features
+
+    @classmethod
+    def pack(cls, w: F32) -> DenseMatrix:
+        """From (out_features, in_features) rows."""
+        return cls(dense.pack(np.asarray(w, np.float32)), int(w.shape[0]))
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (self.w.shape[0], self.w.shape[1])
+        return (self.n, self.panels.shape[1])
 
     @property
     def nbytes(self) -> int:
-        return int(self.w.nbytes)
+        return int(self.panels.nbytes)
+
+    def rows(self) -> F32:
+        """The (N, K) matrix (a copy: tests and benchmarks)."""
+        return dense.unpack(self.panels, self.n)
 
     def matmul(self, x: F32, out: F32, col0: int = 0, acts: Activations | None = None) -> None:
-        """out[:, col0 : col0 + N] = x (n, K) @ W.T."""
-        gemm.matmul_nt(x, self.w, out[:, col0 : col0 + self.w.shape[0]])
+        """out[:, col0 : col0 + N] = x (n, K) @ W.T; out C-contiguous."""
+        assert out.flags.c_contiguous and out.shape[1] >= col0 + self.n
+        x = np.ascontiguousarray(x, np.float32)
+        dense.matmul(x, self.panels, self.n, out, col0, threads.count())
 
     def gather(self, ids: I32, out: F32) -> None:
         """out (n, K) = rows `ids` of W (an embedding lookup)."""
-        ops.gather_rows_f32(ids, self.w, out)
+        dense.gather(ids, self.panels, out)
 
     def panel_parts(self) -> None:
-        return None  # sgemm, not the panel kernels
+        return None  # the dense kernel, not the integer panel kernels
 
 
 def _panel_major(a: npt.NDArray[Any], n_panels: int) -> npt.NDArray[Any]:
@@ -267,7 +280,7 @@ def _same_kind(a: Part, b: Part) -> bool:
 def _build(run: list[Part], numerics: Numerics) -> DenseMatrix | PackedMatrix:
     dense = [p for p in run if not isinstance(p, tuple)]
     if dense:
-        return DenseMatrix(np.ascontiguousarray(np.concatenate(dense), np.float32))
+        return DenseMatrix.pack(np.concatenate(dense))
     coded = [p for p in run if isinstance(p, tuple)]
     decs = [dec for _, dec in coded]
     first = decs[0]

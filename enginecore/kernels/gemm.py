@@ -1,4 +1,4 @@
-"""fp32 GEMM by OpenBLAS, with the work split over numba's threads instead of OpenBLAS's own.
+"""fp32 GEMM by OpenBLAS, called from numba's threads instead of OpenBLAS's own.
 
 A BLAS-mode step (prefill, big batches) alternates GEMMs with numba kernels. With OpenBLAS's
 thread pool beside numba's, the two pools' spinning workers fight, so every numba kernel of
@@ -10,7 +10,9 @@ in parallel too (bench/README.md).
 
 The sgemm is numpy's own OpenBLAS (the `scipy-openblas` wheels bundle it), linked by symbol
 name so the numba cache stays valid. `AVAILABLE` is False where numpy was built against
-another BLAS; callers then use `np.matmul` and keep numba to one thread around it.
+another BLAS; its callers (exact mode's many-row matmuls, long prefill chunks' attention)
+then take the paths they take for few rows. (Dense
+weights do not come here: kernels/dense.py, whose results do not depend on the batch.)
 """
 
 from __future__ import annotations
@@ -21,11 +23,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numba
 import numpy as np
 import numpy.typing as npt
 from llvmlite import binding as llvm
-from numba import njit, prange, types
+from numba import njit, types
 
 F32 = npt.NDArray[np.float32]
 
@@ -45,8 +46,6 @@ _SYMBOLS = (
     ),
 )
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
-# each thread's share of the output columns starts on a 64-byte line
-_SPLIT_ALIGN = 16
 
 
 def _find_openblas() -> tuple[ctypes.CDLL, tuple[str, str, str, types.Integer]] | None:
@@ -101,58 +100,6 @@ def sgemm_serial(a, b, out, b_transposed):  # pragma: no cover - compiled
         _ROW_MAJOR, _NO_TRANS, trans_b, m, n, k, np.float32(1.0), a.ctypes.data, lda,
         b.ctypes.data, ldb, np.float32(0.0), out.ctypes.data, ldc,
     )  # fmt: skip
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _gemm(a, b, out, b_transposed, parts):
-    # out (m, n) = a (m, k) @ (b.T if b_transposed else b), in `parts` shares of the larger
-    # side, each one sgemm_serial on views; rows may be strided, elements not
-    m, k = a.shape
-    n = out.shape[1]
-    if m == 0 or n == 0:
-        return
-    if k == 0:
-        out[:] = 0
-        return
-    split_n = n >= m  # each thread takes a share of the larger side
-    side = n if split_n else m
-    step = -(-side // parts)
-    step = -(-step // _SPLIT_ALIGN) * _SPLIT_ALIGN
-    for p in prange(parts):
-        lo = p * step
-        hi = min(side, lo + step)
-        if lo < hi:
-            if not split_n:
-                sgemm_serial(a[lo:hi], b, out[lo:hi], b_transposed)
-            elif b_transposed:
-                sgemm_serial(a, b[lo:hi], out[:, lo:hi], True)
-            else:
-                sgemm_serial(a, b[:, lo:hi], out[:, lo:hi], False)
-
-
-def _unit_inner_stride(x: F32) -> F32:
-    return x if x.strides[1] == 4 or x.shape[1] <= 1 else np.ascontiguousarray(x)
-
-
-def _matmul(a: F32, b: F32, out: F32, b_transposed: bool) -> None:
-    if not AVAILABLE:
-        np.matmul(a, b.T if b_transposed else b, out=out)
-        return
-    if out.size == 0:  # numpy gives empty arrays zero strides
-        return
-    assert out.strides[1] == 4
-    a, b = _unit_inner_stride(a), _unit_inner_stride(b)
-    _gemm(a, b, out, b_transposed, numba.get_num_threads())
-
-
-def matmul_nt(a: F32, b: F32, out: F32) -> None:
-    """out (m, n) = a (m, k) @ b (n, k).T, fp32; operands may be row-strided views."""
-    _matmul(a, b, out, True)
-
-
-def matmul_nn(a: F32, b: F32, out: F32) -> None:
-    """out (m, n) = a (m, k) @ b (k, n), fp32; operands may be row-strided views."""
-    _matmul(a, b, out, False)
 
 
 def openblas_threads() -> int:

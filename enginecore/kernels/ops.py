@@ -165,9 +165,3 @@ def add_inplace(x, y):  # x (n, d) += y (n, d)
     for t in range(x.shape[0]):
         for i in range(x.shape[1]):
             x[t, i] += y[t, i]
-
-
-@njit(cache=True, nogil=True)
-def gather_rows_f32(ids, table, out):  # ids (n,) -> out (n, d): embedding lookup
-    for t in range(ids.shape[0]):
-        out[t, :] = table[ids[t], :]
