@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import importlib.util
 import json
 import shlex
 import subprocess
@@ -220,6 +221,8 @@ def measure(args: argparse.Namespace, argv: list[str], model: Path, out: Path) -
 def main(argv: list[str] | None = None) -> int:
     raw = sys.argv[1:] if argv is None else argv
     args = parse_args(raw)
+    if importlib.util.find_spec("matplotlib") is None:  # the report's plot; fail before measuring
+        sys.exit("bench.compare needs matplotlib for its plot: .venv/bin/pip install -e '.[bench]'")
     key = model_key(args.model)
     out = args.out_dir / key
     if args.report_only:
