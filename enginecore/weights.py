@@ -1,10 +1,11 @@
 """The canonical in-memory weights, whatever file they came from, and how a matrix is applied.
 
 A matrix's type chooses its kernels: `DenseMatrix` (F32, F16 and BF16 files, Hugging Face
-checkpoints) multiplies by a batch-invariant fp32 kernel (kernels/dense.py); `PackedMatrix` (every quantized GGUF type) keeps its
-integer form in 16-row panels and multiplies by the panel kernels of its `Numerics`
-(kernels/panels.py), never through a dense fp32 copy; `FusedMatrix` stacks parts of
-different types along the output dimension (fused q/k/v or gate/up of a mixed file).
+checkpoints) keeps fp32 panels of 32 rows for a batch-invariant kernel (kernels/dense.py);
+`PackedMatrix` (every quantized GGUF type) keeps its integer form in 16-row panels and
+multiplies by the panel kernels of its `Numerics` (kernels/panels.py), never through a dense
+fp32 copy; `FusedMatrix` stacks parts of different types along the output dimension (fused
+q/k/v or gate/up of a mixed file).
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ class DenseMatrix:
     @classmethod
     def pack(cls, w: F32) -> DenseMatrix:
         """From (out_features, in_features) rows."""
-        return cls(dense.pack(np.asarray(w, np.float32)), int(w.shape[0]))
+        n = int(w.shape[0])
+        return cls(_panel_major(np.asarray(w, np.float32), -(-n // dense.PANEL), dense.PANEL), n)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -105,7 +107,8 @@ class DenseMatrix:
 
     def rows(self) -> F32:
         """The (N, K) matrix (a copy: tests and benchmarks)."""
-        return dense.unpack(self.panels, self.n)
+        p, k, width = self.panels.shape
+        return np.ascontiguousarray(self.panels.transpose(0, 2, 1).reshape(p * width, k)[: self.n])
 
     def matmul(self, x: F32, out: F32, col0: int = 0, acts: Activations | None = None) -> None:
         """out[:, col0 : col0 + N] = x (n, K) @ W.T; out C-contiguous."""
@@ -121,11 +124,11 @@ class DenseMatrix:
         return None  # the dense kernel, not the integer panel kernels
 
 
-def _panel_major(a: npt.NDArray[Any], n_panels: int) -> npt.NDArray[Any]:
-    """(N, m) per-row values -> (P, m, 16), zero rows padding the last panel."""
-    pad = n_panels * panels.LANES - a.shape[0]
+def _panel_major(a: npt.NDArray[Any], n_panels: int, width: int = panels.LANES) -> npt.NDArray[Any]:
+    """(N, m) per-row values -> (P, m, width), zero rows padding the last panel."""
+    pad = n_panels * width - a.shape[0]
     a = np.pad(a, ((0, pad), (0, 0)))
-    return np.ascontiguousarray(a.reshape(n_panels, panels.LANES, -1).transpose(0, 2, 1))
+    return np.ascontiguousarray(a.reshape(n_panels, width, -1).transpose(0, 2, 1))
 
 
 @dataclass(slots=True)
@@ -278,9 +281,9 @@ def _same_kind(a: Part, b: Part) -> bool:
 
 
 def _build(run: list[Part], numerics: Numerics) -> DenseMatrix | PackedMatrix:
-    dense = [p for p in run if not isinstance(p, tuple)]
-    if dense:
-        return DenseMatrix.pack(np.concatenate(dense))
+    rows = [p for p in run if not isinstance(p, tuple)]
+    if rows:
+        return DenseMatrix.pack(np.concatenate(rows))
     coded = [p for p in run if isinstance(p, tuple)]
     decs = [dec for _, dec in coded]
     first = decs[0]

@@ -1,12 +1,12 @@
 """fp32 matmul on dense weights whose every output element is one fma chain in a fixed order.
 
 A dense matrix (F32 / F16 / BF16 files, Hugging Face checkpoints) is kept as panels of
-PANEL output rows, transposed: panels (P, K, PANEL), panels[p, k, j] = W[p PANEL + j, k]
-(zero rows pad the last panel). out[r, n] = the fma chain over k = 0 .. K - 1, in order, of
-x[r, k] * W[n, k], started from 0, whatever the batch, the row tile, the thread split or the
-ISA: a request's logits never depend on what it was batched with. OpenBLAS gives no such
-promise (its Haswell kernels, used on AVX2 hosts, round a row differently in a call of one to
-three rows than in a call of four or more).
+PANEL output rows, transposed: panels (P, K, PANEL), panels[p, k, j] = W[p PANEL + j, k],
+zero rows padding the last panel (enginecore/weights.py's DenseMatrix packs them). out[r, n] =
+the fma chain over k = 0 .. K - 1, in order, of x[r, k] * W[n, k], started from 0, whatever
+the batch, the row tile, the thread split or the ISA: a request's logits never depend on what
+it was batched with. OpenBLAS gives no such promise (its Haswell kernels, used on AVX2 hosts,
+round a row differently in a call of one to three rows than in a call of four or more).
 
 The work is attention's pv tile (kernels/attention_simd.py): a[g, d] += w[g, j] v[j, d] is
 x rows times a panel, all accumulators in registers; K runs in chunks of K_CHUNK so that a
@@ -17,28 +17,12 @@ its float32 partial in `out`, which changes no bit).
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 from numba import njit, prange
 
 from enginecore.kernels.attention_simd import LANES, PV_HEADS, pv_scalar, pv_tile
 
 PANEL = 2 * LANES  # output rows per panel: two 16-lane vectors a tile row
 K_CHUNK = 128  # a panel's chunk: 128 x 32 float32 = 16 KB
-
-
-def pack(w: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    """(N, K) -> (ceil(N / PANEL), K, PANEL) panels."""
-    n, k = w.shape
-    p = -(-n // PANEL)
-    padded = np.zeros((p * PANEL, k), np.float32)
-    padded[:n] = w
-    return np.ascontiguousarray(padded.reshape(p, PANEL, k).transpose(0, 2, 1))
-
-
-def unpack(panels: npt.NDArray[np.float32], n: int) -> npt.NDArray[np.float32]:
-    """The (n, K) matrix of `pack`'s panels."""
-    p, k, _ = panels.shape
-    return np.ascontiguousarray(panels.transpose(0, 2, 1).reshape(p * PANEL, k)[:n])
 
 
 @njit(parallel=True, cache=True, nogil=True)

@@ -11,8 +11,8 @@ in parallel too (bench/README.md).
 The sgemm is numpy's own OpenBLAS (the `scipy-openblas` wheels bundle it), linked by symbol
 name so the numba cache stays valid. `AVAILABLE` is False where numpy was built against
 another BLAS; its callers (exact mode's many-row matmuls, long prefill chunks' attention)
-then take the paths they take for few rows. (Dense
-weights do not come here: kernels/dense.py, whose results do not depend on the batch.)
+then take the paths they take for few rows. Dense weights never come here (kernels/dense.py:
+OpenBLAS's results depend on the batch).
 """
 
 from __future__ import annotations
