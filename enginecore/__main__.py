@@ -118,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _stop_starting)
     try:
         # bound first: a refused address fails at once, and the socket file is ours to remove
-        channel = Channel(cfg.resolved_core_address, cfg.curve_keys)
+        # Busy during a long step: often enough for a frontend as patient as this core
+        keepalive_s = min(1.0, cfg.client_timeout_s / 4)
+        channel = Channel(cfg.resolved_core_address, cfg.curve_keys, keepalive_s)
     except ValueError as e:
         log.error("cannot start: %s", e)
         return 2

@@ -113,19 +113,24 @@ class Engine:
     def turn(self) -> None:
         """One pass: every pending message, liveness and deadlines, then a step if there is work."""
         busy = self.has_work()
-        for client, msg in self.channel.recv_all(0 if busy else IDLE_POLL_MS):
-            try:
-                self.handle(client, msg)
-            except Exception:
-                # one message's failure is that request's, never the loop's
-                log.exception("failed on a %s from %r", type(msg).__name__, client)
-                if isinstance(msg, Submit | Embed):
-                    self.refuse_failed(client, msg.rid)
+        messages = self.channel.recv_all(0 if busy else IDLE_POLL_MS)
+        # not reading from here to the next recv_all: frontends hear Busy if it takes long
+        with self.channel.busy(self.clients):
+            for client, msg in messages:
+                try:
+                    self.handle(client, msg)
+                except Exception:
+                    # one message's failure is that request's, never the loop's
+                    log.exception("failed on a %s from %r", type(msg).__name__, client)
+                    if isinstance(msg, Submit | Embed):
+                        self.refuse_failed(client, msg.rid)
+        # after the messages: a frontend's heartbeats sent during a long step count as heard
         self.check_clients()
         self.expire_waiting()
         self.cut_overdue_drain()
         if self.has_work():
-            self.step()
+            with self.channel.busy(self.clients):
+                self.step()
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self.embedder.has_work()

@@ -213,7 +213,15 @@ class Shutdown(msgspec.Struct, tag=True, array_like=True):
     fatal: bool
 
 
-ToFrontend = Welcome | Accepted | Step | Rejected | Embedded | Stats | Shutdown
+class Busy(msgspec.Struct, tag=True, array_like=True):
+    """The core has been in one step for `seconds` and reads nothing until it ends: it is alive
+    (sent about every second of a long step). Liveness only: a step that never ends keeps
+    sending it, so it is no sign of progress."""
+
+    seconds: float
+
+
+ToFrontend = Welcome | Accepted | Step | Rejected | Embedded | Stats | Shutdown | Busy
 
 
 def encoder() -> msgspec.msgpack.Encoder:

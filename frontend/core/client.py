@@ -22,6 +22,7 @@ from shared.errors import ErrorCode, ServingError
 from shared.protocol import (
     Abort,
     Accepted,
+    Busy,
     Bye,
     Embed,
     Embedded,
@@ -76,7 +77,7 @@ class CoreClient:
     """Requests out over one DEALER; Welcome, Step, Rejected, Embedded and Stats routed back.
 
     The core never answers a Heartbeat, so silence is probed with GetStats, which it always
-    answers. A core whose connection closes, or silent for `silence_s`, or that says Shutdown,
+    answers between steps; inside a long step it says Busy every second instead. A core whose connection closes, or silent for `silence_s`, or that says Shutdown,
     is lost: every open request fails with 503 engine_unavailable and the socket is replaced
     by a new one that says Hello (a new identity: a successor on the same address knows
     neither the old one nor its requests, and nothing queued for the dead core reaches it).
@@ -363,6 +364,9 @@ class CoreClient:
                 self._stats.clear()
             case Shutdown(reason=reason):
                 self.lose(f"it shut down ({reason})")
+            case Busy():
+                pass  # alive in a long step (_read noted the time); not progress: a wedged
+                # step says it too, and CoreProgress must see that one stall
 
     def _rejected(self, message: Rejected) -> None:
         stream = self._streams.get(message.rid)

@@ -17,21 +17,24 @@ import pytest
 from frontend.server import Server
 from shared.config import load
 from tests.conftest import TinyModels
+from tests.fixtures.faulty_core import SLOW_S
 from tests.fixtures.frontend_harness import eventually, serving
 from tests.fixtures.live_server import default_engine, write_runtime_toml
 
 pytestmark = pytest.mark.integration
 
-HANG, STALL = 251, 252  # a prompt [0, id, ...] is poisoned (tests/fixtures/faulty_core.py)
+# a prompt [0, id, ...] is poisoned (tests/fixtures/faulty_core.py)
+HANG, STALL, SLOW = 251, 252, 253
 STALL_TIMEOUT_S = 2.0
 
 
 @asynccontextmanager
-async def supervised(tiny: TinyModels, workdir: Path) -> AsyncIterator[Server]:
+async def supervised(tiny: TinyModels, workdir: Path, **overrides: object) -> AsyncIterator[Server]:
     """An in-process frontend that spawns the faulty core and supervises its progress."""
-    engine = default_engine(tiny.hf, model_id="tiny", core_stall_timeout_s=STALL_TIMEOUT_S)
+    settings = {"model_id": "tiny", "core_stall_timeout_s": STALL_TIMEOUT_S, **overrides}
+    engine = default_engine(tiny.hf, **settings)
     path = write_runtime_toml(workdir / "runtime.toml", engine)
-    faults = f"hang={HANG},stall={STALL}"
+    faults = f"hang={HANG},stall={STALL},slow={SLOW}"
     # --owner-stdin: the core takes the spawner's token, so that its ShutdownCore is obeyed at
     # the end (without it the core ignored it and was killed after the stop timeout)
     argv = [sys.executable, "-m", "tests.fixtures.faulty_core", "--faults", faults, "--owner-stdin"]
@@ -69,6 +72,29 @@ async def test_a_core_with_work_and_no_step_is_killed_and_respawned(
         status, doc = await complete(server, [9, 10, 11])
         assert status == 200, doc
         assert doc["usage"]["completion_tokens"] == 4
+
+
+async def test_a_step_longer_than_the_client_timeout_loses_nothing(
+    tiny: TinyModels, tmp_path: Path
+) -> None:
+    # a 5 s step against 2 s of patience on both sides: the core says Busy while it steps,
+    # and reads the frontend's heartbeats of that time before it judges the frontend silent
+    timeout_s = 2.0
+    assert 2 * timeout_s < SLOW_S
+    async with supervised(
+        tiny, tmp_path, client_timeout_s=timeout_s, core_stall_timeout_s=30.0
+    ) as server:
+        process = server.services.process
+        assert process is not None
+        pid = process.pid
+        started = time.monotonic()
+        status, doc = await complete(server, [0, SLOW, 7, 8])
+        assert status == 200, doc
+        assert doc["usage"]["completion_tokens"] == 4
+        assert time.monotonic() - started >= SLOW_S  # the slow step did run
+        assert process.pid == pid  # the same core, never lost nor respawned
+        status, doc = await complete(server, [9, 10, 11])
+        assert status == 200, doc
 
 
 async def healthz(*urls: str) -> list[int]:
