@@ -90,31 +90,36 @@ def _row_max(s, r, lo, lim):
     # max(s[r, lo:lim], -1e30) (not -inf: fastmath assumes finite values) as eight partial
     # maxima: a max is exact in any order, so this changes no bit, where one running max
     # was a chain of dependent vmaxss, 4 cycles an element and most of a decode's softmax
+    row = s[r, lo:lim]  # indexed from 0: see _softmax_row
     m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.float32(-1e30)
-    end = lo + (lim - lo) // 8 * 8
-    for p in range(lo, end, 8):
-        m0, m1 = _fmax(m0, s[r, p]), _fmax(m1, s[r, p + 1])
-        m2, m3 = _fmax(m2, s[r, p + 2]), _fmax(m3, s[r, p + 3])
-        m4, m5 = _fmax(m4, s[r, p + 4]), _fmax(m5, s[r, p + 5])
-        m6, m7 = _fmax(m6, s[r, p + 6]), _fmax(m7, s[r, p + 7])
+    end = row.shape[0] // 8 * 8
+    for p in range(0, end, 8):
+        m0, m1 = _fmax(m0, row[p]), _fmax(m1, row[p + 1])
+        m2, m3 = _fmax(m2, row[p + 2]), _fmax(m3, row[p + 3])
+        m4, m5 = _fmax(m4, row[p + 4]), _fmax(m5, row[p + 5])
+        m6, m7 = _fmax(m6, row[p + 6]), _fmax(m7, row[p + 7])
     m = _fmax(_fmax(_fmax(m0, m1), _fmax(m2, m3)), _fmax(_fmax(m4, m5), _fmax(m6, m7)))
-    for p in range(end, lim):
-        m = _fmax(m, s[r, p])
+    for p in range(end, row.shape[0]):
+        m = _fmax(m, row[p])
     return m
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
 def _softmax_row(s, r, lo, lim, scale):
-    # s[r, lo:lim] in place -> softmax(scale * s[r, lo:lim])
+    # s[r, lo:lim] in place -> softmax(scale * s[r, lo:lim]). The loops index a view of the
+    # span from 0: from a runtime first index numba cannot tell that an index is never
+    # negative and wraps each one, which kept these loops from vectorizing (measured: a
+    # 64-row decode's attention took 15.2 ms for 30 layers this way, 9.3 ms from 0)
+    row = s[r, lo:lim]
     m = _row_max(s, r, lo, lim)
     total = np.float32(0.0)
-    for p in range(lo, lim):
-        e = fast_exp((s[r, p] - m) * scale)
-        s[r, p] = e
+    for p in range(row.shape[0]):
+        e = fast_exp((row[p] - m) * scale)
+        row[p] = e
         total += e
     inv = np.float32(1.0) / total
-    for p in range(lo, lim):
-        s[r, p] *= inv
+    for p in range(row.shape[0]):
+        row[p] *= inv
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -247,11 +252,9 @@ def _causal_softmax(s, first_pos, scale, window):
     for r in range(rows):
         lim = min(first_pos + r + 1, ctx)
         lo = _first_visible(first_pos + r, window)
-        for p in range(lo):
-            s[r, p] = np.float32(0.0)
+        s[r, :lo] = np.float32(0.0)
         _softmax_row(s, r, lo, lim, scale)
-        for p in range(lim, ctx):
-            s[r, p] = np.float32(0.0)
+        s[r, lim:] = np.float32(0.0)  # a view from 0, as in _softmax_row
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
