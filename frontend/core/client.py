@@ -77,10 +77,11 @@ class CoreClient:
     """Requests out over one DEALER; Welcome, Step, Rejected, Embedded and Stats routed back.
 
     The core never answers a Heartbeat, so silence is probed with GetStats, which it always
-    answers between steps; inside a long step it says Busy every second instead. A core whose connection closes, or silent for `silence_s`, or that says Shutdown,
-    is lost: every open request fails with 503 engine_unavailable and the socket is replaced
-    by a new one that says Hello (a new identity: a successor on the same address knows
-    neither the old one nor its requests, and nothing queued for the dead core reaches it).
+    answers between steps; inside a long step it says Busy every second instead. A core
+    whose connection closes, or silent for `silence_s`, or that says Shutdown, is lost:
+    every open request fails with 503 engine_unavailable and the socket is replaced by a new
+    one that says Hello (a new identity: a successor on the same address knows neither the
+    old one nor its requests, and nothing queued for the dead core reaches it).
     """
 
     def __init__(
@@ -365,8 +366,9 @@ class CoreClient:
             case Shutdown(reason=reason):
                 self.lose(f"it shut down ({reason})")
             case Busy():
-                pass  # alive in a long step (_read noted the time); not progress: a wedged
-                # step says it too, and CoreProgress must see that one stall
+                # alive inside a long step (_read noted the time), but no progress: a wedged
+                # step says Busy too, and CoreProgress must see that one stall
+                pass
 
     def _rejected(self, message: Rejected) -> None:
         stream = self._streams.get(message.rid)
