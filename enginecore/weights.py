@@ -62,8 +62,8 @@ class Activations(NamedTuple):
     """A matmul input quantized once, shared by every part of a fused matrix."""
 
     xq: npt.NDArray[Any]  # (n, K) int8 or int16
-    xa: F32  # (n, K // block) block scales (panels.act_block: 16 for int8, 32 for int16)
-    xb: I32  # (n, K // 16) sums of xq per 16
+    xa: F32  # (K // block, n) block scales (panels.act_block: 16 for int8, 32 for int16)
+    xb: F32  # (K // 16, n) each 16 values' sum of xq times their block's scale
 
 
 # integer mode -> (a zero-size array of its activations' type, their largest magnitude)
@@ -74,13 +74,8 @@ ACTIVATIONS: dict[Numerics, tuple[npt.NDArray[Any], int]] = {
 
 
 def quantize(x: F32, numerics: Numerics) -> Activations:
-    n, k = x.shape
     kind, qmax = ACTIVATIONS[numerics]
-    xq = np.empty((n, k), kind.dtype)
-    xa = np.empty((n, k // panels.act_block(xq)), np.float32)
-    xb = np.empty((n, k // 16), np.int32)
-    panels.quantize_rows(x, qmax, xq, xa, xb)
-    return Activations(xq, xa, xb)
+    return Activations(*panels.quantize(x, kind, qmax))
 
 
 @dataclass(slots=True)

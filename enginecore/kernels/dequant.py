@@ -54,8 +54,8 @@ def f32_matmul(x, xs, fmt, out, col0, n_rows, parts):
         acc = np.empty(LANES, np.float32)
         for p in range(part * step, min(P, part * step + step)):
             for t in range(n):
-                args = (1, lanes, p * panel_bytes, x, t * K, xs, t * n_sub, unused, 0, d, dm,
-                        isc, imn, p * d.shape[1] * LANES, p * isc.shape[1] * LANES, sps,
+                args = (1, lanes, p * panel_bytes, x, t * K, 0, xs, t * n_sub, unused, 0, d,
+                        dm, isc, imn, p * d.shape[1] * LANES, p * isc.shape[1] * LANES, sps,
                         has_min, n_sub, sub, off, acc)  # fmt: skip
                 if four_bit:
                     panel_row_4(*args)

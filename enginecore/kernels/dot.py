@@ -93,6 +93,15 @@ def _dpwssd(b: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.Valu
     return b.asm(ty, "vpdpwssd $3, $2, $0", "=v,0,v,v", [acc, w, x], False)
 
 
+# Quantized activations (n, K) are interleaved by 4-byte word in groups of ACT_ROWS rows, the
+# last group holding the n % ACT_ROWS rest (kernels/panels.py's act_index): group g starts at
+# element g * ACT_ROWS * K, and inside it word w (activations w * 4 / elem ..) of its row u is
+# at byte (w * G + u) * 4, G the group's rows. The rows a kernel multiplies at once are then
+# one pointer and constant offsets (eight row pointers spilled general registers, and each
+# broadcast reloaded one), and a lone row (decode of one sequence) stays contiguous.
+ACT_ROWS = 8
+
+
 def group_layout(int16: bool, four_bit: bool) -> tuple[int, int]:
     """(bytes, values of k) of one group of 16 rows' weights (the module's docstring)."""
     if four_bit:
@@ -240,10 +249,11 @@ def _part8(b: ir.IRBuilder, w: ir.Value, start: int, n: int) -> ir.Value:
 
 def accumulate_groups(
     b: ir.IRBuilder, rows: list[tuple[Emitter, ir.Value]], four_bit: bool, w: ir.Value,
-    n_groups: int,
+    n_groups: int, stride: ir.Value,
 ) -> None:  # fmt: skip
     """Add the panel rows' integer dot products over n_groups groups from w to each
-    (accumulators, activations) pair of `rows`: one weight load and unpack for all of them.
+    (accumulators, activations) pair of `rows` (the activations' words `stride` bytes apart:
+    ACT_ROWS' layout): one weight load and unpack for all of them.
     Straight-line code (a sub-block's few groups), consecutive pieces on consecutive chains."""
     first = rows[0][0]
     group_bytes, k_per_group = group_layout(first.int16, four_bit)
@@ -251,7 +261,7 @@ def accumulate_groups(
     pieces = 0
     for g in range(n_groups):
         wv = load_at(b, w, ir.Constant(I64, g * group_bytes), vec(I8, group_bytes))
-        x_group = g * k_per_group * elem  # the group's first activation, in bytes
+        word = g * k_per_group * elem // 4  # the group's first word of activations
         if four_bit and first.int16:
             # nibble p of every word: the pair (k0 + 2p, k0 + 2p + 1); in place (times 16^p)
             # with planes, else shifted down and masked (the many-row kernels share it)
@@ -265,16 +275,17 @@ def accumulate_groups(
                 else:
                     shifted = b.lshr(words, ir.Constant(vec(I16, 32), [4 * p] * 32)) if p else words
                     part = b.and_(shifted, ir.Constant(vec(I16, 32), [15] * 32))
-                parts.append((part, x_group + 4 * p, p))
+                parts.append((part, word + p, p))
         elif four_bit:
             mask = ir.Constant(vec(I8, group_bytes), [15] * group_bytes)
             shift = ir.Constant(vec(I8, group_bytes), [4] * group_bytes)
-            parts = [(b.and_(wv, mask), x_group, 0), (b.lshr(wv, shift), x_group + 4, 0)]
+            parts = [(b.and_(wv, mask), word, 0), (b.lshr(wv, shift), word + 1, 0)]
         else:
-            parts = [(wv, x_group, 0)]
-        for part, x_off, plane in parts:
+            parts = [(wv, word, 0)]
+        for part, x_word, plane in parts:
+            x_off = b.mul(stride, ir.Constant(I64, x_word))
             for em, x in rows:
                 em.chain = pieces % em.chains
                 em.plane = plane if len(em.shifts) > 1 else 0
-                em.piece(part, load_at(b, x, ir.Constant(I64, x_off), I32))
+                em.piece(part, load_at(b, x, x_off, I32))
             pieces += 1

@@ -16,22 +16,17 @@ a decode step's 30 calls cost ~0.6 ms of Python and argument unboxing at batch 1
 from typing import Any
 
 import numba
-import numpy as np
 from numba import njit
 
 from enginecore.kernels import ops
 from enginecore.kernels.attention import paged_attention, store_kv
-from enginecore.kernels.panels import act_block, int_matmul, quantize_rows
+from enginecore.kernels.panels import int_matmul, quantize
 
 
 @njit(cache=True, nogil=True)
 def _matmul(x, kind, qmax, parts, isa, out, workers):
     # out = x @ W.T for W the stacked parts; x quantized once for every part
-    n, k = x.shape
-    xq = np.empty((n, k), kind.dtype)
-    xa = np.empty((n, k // act_block(xq)), np.float32)
-    xb = np.empty((n, k // 16), np.int32)
-    quantize_rows(x, qmax, xq, xa, xb)
+    xq, xa, xb = quantize(x, kind, qmax)
     col0 = 0
     for fmt, n_rows in parts:
         int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, workers)

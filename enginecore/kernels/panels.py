@@ -16,10 +16,11 @@ so that weight = sc * (v - off) + mn, with sc = d * isc and mn = dm * imn per su
 `sub` (16 or 32) values, exactly as gguf.quants.dequantize computes it.
 
 Integer modes: activations quantized per block (`act_block`: 16 values for int8, 32 for
-int16) to int8 or int16 (scale xa, block sums xb per 16), each panel's exact int32 sums per
-sub-block, or per activation block when that is shorter, from kernels/dot.py (or the portable
-loop here), then per output element, in one fixed order, float32 mul then add (no fastmath,
-no FMA contraction; explicit fused multiply-adds where kernels/simd.py says): the same bits
+int16) to int8 or int16 (scale xa; xb, the sums of each 16 and each 32 dequantized values),
+each panel's
+exact int32 sums per sub-block, or per activation block when that is shorter, from
+kernels/dot.py (or the portable loop here), then per output element, in one fixed order,
+one float32 multiply and fused multiply-adds (kernels/simd.py's docstring): the same bits
 for any row count, thread split or ISA path. Exact mode and the embedding lookups:
 kernels/dequant.py.
 """
@@ -27,6 +28,7 @@ kernels/dequant.py.
 import numpy as np
 from numba import njit, prange
 
+from enginecore.kernels.dot import ACT_ROWS
 from enginecore.kernels.f16 import f16_bits_to_f32
 from enginecore.kernels.simd import (
     ROWS,
@@ -78,39 +80,108 @@ def act_block(xq):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _quantize_row(x, t, qmax, xq, xa, xb):
-    # row t of x (n, K) float32 -> xq = round(x / xa) (int8 / int16), xa (K // act_block) the
-    # block scales max|x| / qmax, xb (K // 16) the sums of xq per 16; the same operations
-    # whatever loop runs it
+def per_word(xq):
+    # activations in one 4-byte word of xq (kernels/dot.py's interleaved layout)
+    return 4 // xq.itemsize
+
+
+@njit(cache=True, nogil=True, inline="always")
+def act_row(xq, t):
+    # (flat element of row t's first activation in xq, elements from one of its words to the
+    # next) in kernels/dot.py's ACT_ROWS layout
+    n, K = xq.shape
+    g = t // ACT_ROWS
+    return g * ACT_ROWS * K + (t % ACT_ROWS) * per_word(xq), min(ACT_ROWS, n - g * ACT_ROWS)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def act_index(xq, t, k):
+    # xq's index of row t's activation k (kernels/dot.py's ACT_ROWS layout)
+    e = per_word(xq)
+    first, rows = act_row(xq, t)
+    flat = first + (k // e) * rows * e + k % e
+    return flat // xq.shape[1], flat % xq.shape[1]
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _abs_max(x, t, k0, n):
+    # max |x[t, k0 : k0 + n]|: fast-math lets LLVM vectorize the reduction (a maximum is the
+    # same in any order); not numba-inlined, so that the flags stay this function's own
+    m = np.float32(0.0)
+    for i in range(n):
+        m = max(m, abs(x[t, k0 + i]))
+    return m
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _quantize_row(x, t, qmax, xq, xa, xb, q, q_words, words):
+    # row t of x (n, K) float32 -> row t of xq = round(x / xa) (int8 / int16, in kernels/
+    # dot.py's ACT_ROWS layout; words: xq's data as int32), column t of xa (K // act_block,
+    # n), the block scales max|x| / qmax, and of xb (xb_index), each 16 values' sum of xq
+    # times their scale; the same operations whatever loop runs it. q: a scratch of one block
+    # of xq's type (q_words: the same as int32), so that the rounding loop is contiguous and
+    # the stores are whole words
     ab = act_block(xq)
+    e = per_word(xq)
+    first, rows = act_row(xq, t)
+    w0 = first // e  # the row's first word (numba's // and % are Python's: hoisted by hand)
+    lo, hi = np.float32(-qmax), np.float32(qmax)
     for blk in range(x.shape[1] // ab):
-        amax = np.float32(0.0)
-        for i in range(ab):
-            amax = max(amax, abs(x[t, blk * ab + i]))
+        amax = _abs_max(x, t, blk * ab, ab)
         scale = amax / np.float32(qmax)
         inv = np.float32(qmax) / amax if amax > 0 else np.float32(0.0)
+        for i in range(ab):
+            v = np.floor(x[t, blk * ab + i] * inv + np.float32(0.5))
+            q[i] = min(max(v, lo), hi)
+        total = np.int32(0)
         for half in range(ab // 16):
             s = np.int32(0)
             for i in range(16):
-                k = blk * ab + half * 16 + i
-                q = np.int32(np.floor(x[t, k] * inv + np.float32(0.5)))
-                q = min(max(q, np.int32(-qmax)), np.int32(qmax))
-                xq[t, k] = q
-                s += q
-            xb[t, blk * (ab // 16) + half] = s
-        xa[t, blk] = scale
+                s += np.int32(q[half * 16 + i])
+            xb[blk * (ab // 16) + half, t] = scale * np.float32(s)
+            total += s
+        n16 = x.shape[1] // 16
+        if ab == 32:
+            xb[n16 + blk, t] = scale * np.float32(total)
+        elif blk % 2 == 1:  # int8: the two blocks' sums, added
+            xb[n16 + blk // 2, t] = xb[blk - 1, t] + xb[blk, t]
+        xa[blk, t] = scale
+        if rows == 1:  # a group of one row (one sequence's decode) is row t as it is
+            for i in range(ab):
+                xq[t, blk * ab + i] = q[i]
+            continue
+        for w in range(ab // e):
+            words[w0 + (blk * (ab // e) + w) * rows] = q_words[w]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def xb_index(K, sub, j):
+    # xb's row of sub-block j of `sub` (16 or 32) values, for activation rows of K values:
+    # each 16 values' sum of xq times its scale (rows 0 .. K / 16 - 1), then each 32's, as the
+    # scaled sum over their one block (int16) or the two blocks' sums added (int8)
+    return j if sub == 16 else K // 16 + j
+
+
+@njit(cache=True, nogil=True)
+def _quantize_serial(x, qmax, xq, xa, xb):
+    # quantize_rows on this thread
+    q = np.empty(32, xq.dtype)
+    words = xq.reshape(xq.size).view(np.int32)
+    for t in range(x.shape[0]):
+        _quantize_row(x, t, qmax, xq, xa, xb, q, q.view(np.int32), words)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def quantize_rows(x, qmax, xq, xa, xb):
-    # x (n, K) float32 -> xq (n, K), xa (n, K // act_block), xb (n, K // 16): _quantize_row
-    n = x.shape[0]
-    if n < QUANTIZE_SERIAL_ROWS:
-        for t in range(n):
-            _quantize_row(x, t, qmax, xq, xa, xb)
-    else:
-        for t in prange(n):
-            _quantize_row(x, t, qmax, xq, xa, xb)
+    # x (n, K) float32 -> xq (n, K) in kernels/dot.py's ACT_ROWS layout, xa (K // act_block,
+    # n), xb (K // 16 + K // 32, n): _quantize_row
+    if x.shape[0] < QUANTIZE_SERIAL_ROWS:
+        _quantize_serial(x, qmax, xq, xa, xb)
+        return
+    words = xq.reshape(xq.size).view(np.int32)
+    for t in prange(x.shape[0]):
+        q = np.empty(32, xq.dtype)
+        _quantize_row(x, t, qmax, xq, xa, xb, q, q.view(np.int32), words)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -134,58 +205,45 @@ def _portable_sums(lanes, p, g0, n_groups, four_bit, xq, t, k0, s16):
                 for e in range(2):
                     w = np.int64(lanes[p, (g0 + g) * 2 * LANES + 2 * r + e])
                     for q in range(4):
-                        s += ((w >> (4 * q)) & 15) * xq[t, kg + 2 * q + e]
+                        s += ((w >> (4 * q)) & 15) * xq[act_index(xq, t, kg + 2 * q + e)]
                 s16[r] += s
                 continue
             w = np.int64(lanes[p, (g0 + g) * LANES + r])
             for b in range(il):
                 if four_bit:
-                    s += ((w >> (8 * b)) & 15) * xq[t, kg + b]
-                    s += ((w >> (8 * b + 4)) & 15) * xq[t, kg + il + b]
+                    s += ((w >> (8 * b)) & 15) * xq[act_index(xq, t, kg + b)]
+                    s += ((w >> (8 * b + 4)) & 15) * xq[act_index(xq, t, kg + il + b)]
                 else:
-                    s += ((w >> (8 * b)) & 255) * xq[t, kg + b]
+                    s += ((w >> (8 * b)) & 255) * xq[act_index(xq, t, kg + b)]
             s16[r] += s
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _portable_row(lanes, p, four_bit, off, sub, has_min, sc, mn, xq, xa, xb, t, s16, psum, acc):
-    # acc (16,) = panel p's rows times activation row t, in panel_row's order of operations:
-    # a sub-block inside one activation block adds a * (sc * (S - off * B) + mn * B); one
-    # over several (int8's blocks of 16 in a sub-block of 32) adds sc * (P - off * X) + mn * X
-    # by fused multiply-adds, P and X the sums over its blocks of a * S and a * B
+def _portable_row(lanes, p, four_bit, off, sub, sc, mn, xq, xa, xb, t, s16, psum, acc):
+    # acc (16,) = panel p's rows times activation row t, in panel_row's order of operations
+    # (kernels/simd.py's docstring): per sub-block P = a * S (then P = fma(a, S, P) for each
+    # further activation block inside it), tmp = fma(c, xb, sc * P) (c = fma(-off, sc, mn),
+    # xb its activations' sum), acc = acc + tmp
     per_group = group_values(lanes, four_bit)
     ab = act_block(xq)
     pieces = max(sub // ab, 1)
     plen = sub // pieces
+    neg_off = np.float32(-off)
+    K = xq.shape[1]
     acc[:] = 0
     for j in range(sc.shape[0]):
-        xsum = np.float32(0.0)
         for h in range(pieces):
             k0 = j * sub + h * plen
             _portable_sums(lanes, p, k0 // per_group, plen // per_group, four_bit, xq, t, k0,
                            s16)  # fmt: skip
-            bsum = 0
-            for i in range(plen // 16):
-                bsum += xb[t, k0 // 16 + i]
-            a = xa[t, k0 // ab]
-            fb = np.float32(bsum)
-            if pieces == 1:
-                for r in range(LANES):
-                    tmp = sc[j, r] * np.float32(s16[r] - off * bsum)
-                    if has_min:
-                        tmp = tmp + mn[j, r] * fb
-                    acc[r] = acc[r] + a * tmp
-                continue
+            a = xa[k0 // ab, t]
             for r in range(LANES):
                 fs = np.float32(s16[r])
                 psum[r] = a * fs if h == 0 else fma32(a, fs, psum[r])
-            xsum = a * fb if h == 0 else fma32(a, fb, xsum)
-        if pieces > 1:
-            offx = np.float32(off) * xsum
-            for r in range(LANES):
-                acc[r] = fma32(sc[j, r], psum[r] - offx, acc[r])
-                if has_min:
-                    acc[r] = fma32(mn[j, r], xsum, acc[r])
+        for r in range(LANES):
+            c = fma32(neg_off, sc[j, r], mn[j, r])
+            tmp = fma32(c, xb[xb_index(K, sub, j), t], sc[j, r] * psum[r])
+            acc[r] = acc[r] + tmp
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -208,15 +266,13 @@ def _panel_rows(rows, four_bit, args):
 @njit(parallel=True, cache=True, nogil=True)
 def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
     # out[t, col0 + row] for the matrix's n_rows rows (the last panel may hold padding) =
-    # sum over sub-blocks (or the activation blocks inside one, when shorter) of
-    # xa * (sc * (S - off * B) + mn * B), S the exact int32 sum of v * xq and B the sum of xq
-    # over that piece: kernels/simd.py's panel_row, or the same arithmetic in plain loops
-    # (isa 0)
+    # the sum over sub-blocks of sc * xa * S + c * xb (kernels/simd.py's docstring: its order
+    # and roundings), S the exact int32 sum of v * xq over each activation block inside the
+    # sub-block: kernels/simd.py's panel_row, or the same arithmetic in plain loops (isa 0)
     lanes, d, dm, isc, imn, four_bit, off, sub, sps, has_min = fmt
     n, K = xq.shape
     P = lanes.shape[0]
     n_sub = K // sub
-    ab = act_block(xq)
     panel_bytes = lanes.shape[1] * lanes.itemsize
     step = -(-P // parts)
     for part in prange(parts):
@@ -236,12 +292,13 @@ def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
                 elif isa != 0 and t + ROWS <= n:
                     rows = ROWS
                 if isa == 0:
-                    _portable_row(lanes, p, four_bit, off, sub, has_min, sc, mn, xq, xa, xb, t,
-                                  s16, psum, acc)  # fmt: skip
+                    _portable_row(lanes, p, four_bit, off, sub, sc, mn, xq, xa, xb, t, s16, psum,
+                                  acc)  # fmt: skip
                 else:
-                    args = (isa, lanes, p * panel_bytes, xq, t * K, xa, t * (K // ab), xb,
-                            t * (K // 16), d, dm, isc, imn, p * d.shape[1] * LANES,
-                            p * isc.shape[1] * LANES, sps, has_min, n_sub, sub, off, acc)  # fmt: skip
+                    x_off, group = act_row(xq, t)
+                    args = (isa, lanes, p * panel_bytes, xq, x_off, 4 * group, xa, t, xb, t, d, dm, isc,
+                            imn, p * d.shape[1] * LANES, p * isc.shape[1] * LANES, sps, has_min,
+                            n_sub, sub, off, acc)  # fmt: skip
                     _panel_rows(rows, four_bit, args)
                 for i in range(rows):
                     for r in range(min(LANES, n_rows - p * LANES)):
@@ -250,11 +307,18 @@ def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
 
 
 @njit(cache=True, nogil=True)
-def quantize_matmul(x, xq_dtype, qmax, fmt, isa, out, col0, n_rows, parts):
-    # int_matmul of x (n, K) float32, quantized here to xq_dtype's type (one call, not two)
+def quantize(x, kind, qmax):
+    # x (n, K) float32 -> (xq, xa, xb) for int_matmul, xq of kind's type: quantize_rows
     n, K = x.shape
-    xq = np.empty((n, K), xq_dtype.dtype)
-    xa = np.empty((n, K // act_block(xq)), np.float32)
-    xb = np.empty((n, K // 16), np.int32)
+    xq = np.empty((n, K), kind.dtype)
+    xa = np.empty((K // act_block(xq), n), np.float32)
+    xb = np.empty((K // 16 + K // 32, n), np.float32)
     quantize_rows(x, qmax, xq, xa, xb)
+    return xq, xa, xb
+
+
+@njit(cache=True, nogil=True)
+def quantize_matmul(x, kind, qmax, fmt, isa, out, col0, n_rows, parts):
+    # int_matmul of x (n, K) float32, quantized here to kind's type (one call, not two)
+    xq, xa, xb = quantize(x, kind, qmax)
     int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts)

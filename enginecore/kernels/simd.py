@@ -1,13 +1,17 @@
 """One 16-row weight panel times one quantized activation row, as an LLVM intrinsic: the exact
 int32 sums of every sub-block (kernels/dot.py) combined with their scales in float32.
 
-Per output row, sub-block by sub-block in order: tmp = sc * float(S - off * B), then
-tmp = tmp + mn * float(B) when the type has minimums, then acc = acc + xa * tmp; plain fmul
-and fadd without fast-math flags, so LLVM contracts none of them into FMAs and a portable
-numba loop doing the same scalar operations (kernels/panels.py) gets the same bits. A
-sub-block longer than an activation block (int8's 16 values in a sub-block of 32) sums its
-pieces' xa * float(S) first and combines them with explicit fused multiply-adds (llvm.fma,
-rounded once on every path; `fma32` for the portable loop): _combine_pieces.
+A weight sc * (v - off) + mn is sc * v + c, with c = fma(-off, sc, mn) per row and sub-block
+(mn = 0 for types without minimums). Per output row, sub-block by sub-block in order:
+P = xa * float(S) (S the exact sum of v times the activations of the sub-block's activation
+block, xa that block's scale; a sub-block longer than an activation block, int8's 16 values
+in a sub-block of 32, goes on with P = fma(xa, float(S), P) for its next block), then
+tmp = fma(c, xb, sc * P) (xb: the sub-block's dequantized activations' sum, made once by the
+quantizer: kernels/panels.py's xb_index) and acc = acc + tmp (one add on the chain that
+carries from sub-block to sub-block, which bounds a lone row). Plain fmul and fadd and
+explicit fused multiply-adds (llvm.fma, rounded once on every path; `fma32` for the portable
+loop), no fast-math flags: a portable numba loop doing the same scalar operations
+(kernels/panels.py) gets the same bits.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from enginecore.kernels.dot import (
+    ACT_ROWS,
     I8,
     I16,
     I32,
@@ -87,27 +92,40 @@ def _scale16(b: ir.IRBuilder, f16s: ir.Value, ints: ir.Value, scaled: ir.Value) 
 def _emit_rows(
     b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool, rows: int, r: dict[str, ir.Value]
 ) -> None:
-    """out[16 t : 16 t + 16] for `rows` consecutive activation rows t = sum over sub-blocks j,
-    and over the activation blocks inside j when they are shorter (int8's 16 in a sub-block
-    of 32), of xa * (sc * (S - off * B) + mn * B), in that order per lane, float32 mul then
-    add (no fast-math flags, so no FMA contraction; the explicit fused multiply-adds of
-    _combine_pieces). The rows share each weight load and scale.
+    """out[16 t : 16 t + 16] for `rows` consecutive activation rows t: the sums over
+    sub-blocks of the module docstring, in its order per lane. The rows share each weight
+    load and scale.
 
     The sub-block length (16 or 32) is a constant of the code emitted for it, so that a
-    sub-block's groups are straight-line code with constant offsets."""
+    sub-block's groups are straight-line code with constant offsets; so is the distance
+    between a row's words (kernels/dot.py's ACT_ROWS) for the widest kernel, which only gets
+    full groups, and for a lone row's own (a decode of one sequence), which is contiguous."""
     for sub in (16, 32):
         with b.if_then(b.icmp_unsigned("==", r["sub"], ir.Constant(I64, sub))):
-            _emit_sub_rows(b, isa, int16, four_bit, rows, sub, r)
+            if rows == ACT_ROWS:
+                _emit_sub_rows(b, isa, int16, four_bit, rows, sub, ir.Constant(I64, 4 * rows), r)
+                continue
+            if rows > 1:
+                _emit_sub_rows(b, isa, int16, four_bit, rows, sub, r["x_stride"], r)
+                continue
+            alone = b.icmp_unsigned("==", r["x_stride"], ir.Constant(I64, 4))
+            with b.if_else(alone) as (then, otherwise):
+                with then:
+                    _emit_sub_rows(b, isa, int16, four_bit, rows, sub, ir.Constant(I64, 4), r)
+                with otherwise:
+                    _emit_sub_rows(b, isa, int16, four_bit, rows, sub, r["x_stride"], r)
 
 
 def _emit_sub_rows(
     b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool, rows: int, sub: int,
-    r: dict[str, ir.Value],
+    stride: ir.Value, r: dict[str, ir.Value],
 ) -> None:  # fmt: skip
-    # one activation row: independent accumulator chains hide the multiply-add latency (4 of
-    # 32 zmm registers' worth; 2 of the 16 ymm on the 256-bit paths); several rows already
-    # give as many independent chains
-    chains = 1 if rows > 1 else (4 if isa == Isa.AVX512_VNNI else 2)
+    # independent accumulator chains hide the multiply-add latency: for one activation row 4
+    # of the 32 zmm registers (2 of the 16 ymm on the 256-bit paths); several rows give as
+    # many chains already, but a sub-block's 16 multiply-adds in a row on one accumulator
+    # still filled the scheduler before the next sub-block could start, so 2 each on 512-bit
+    # (16 of the 32 zmm for 8 rows; the 256-bit paths have no registers to spare)
+    chains = (2 if rows > 1 else 4) if isa == Isa.AVX512_VNNI else (1 if rows > 1 else 2)
     # 4-bit weights, int16 activations, one row, 512-bit: the four nibble positions are four
     # independent accumulators already (kernels/dot.py's planes), so no more chains
     planes = rows == 1 and int16 and four_bit and isa == Isa.AVX512_VNNI
@@ -124,11 +142,12 @@ def _emit_sub_rows(
     plen = sub // pieces  # k values per piece: a sub-block, or an activation block inside it
     gpp = plen // per_group
     parts = [cgutils.alloca_once_value(b, zero) for _ in range(rows)]  # type: ignore[no-untyped-call]
-    xsums = [cgutils.alloca_once_value(b, ir.Constant(F32, 0)) for _ in range(rows)]  # type: ignore[no-untyped-call]
     scaled = b.icmp_unsigned(">", r["sps"], ir.Constant(I64, 1))
-    k = b.mul(r["n_sub"], ir.Constant(I64, sub))  # activation row length
     c16 = ir.Constant(I64, 16)
     mn = cgutils.alloca_once_value(b, zero)  # type: ignore[no-untyped-call]
+    neg_off = splat_f(b, b.sitofp(b.neg(r["off"]), F32))
+    n_act = r["n_act"]  # xa and xb: one column per activation row
+    k = b.mul(r["n_sub"], ir.Constant(I64, sub))  # activation row length
     # super-blocks, then their sub-blocks: the super-block scales without a division
     with cgutils.for_range(b, b.udiv(r["n_sub"], r["sps"])) as outer:
         big_j = outer.index
@@ -142,76 +161,34 @@ def _emit_sub_rows(
             b.store(zero, mn)
             with b.if_then(r["has_min"]):
                 b.store(_times_int8(b, b.load(dmv), b.gep(r["imn"], [b.mul(j, c16)]), scaled), mn)
+            c = fma(b, neg_off, sc, b.load(mn))
             for h in range(pieces):  # the sub-block's activation blocks (one when longer)
                 for em in ems:
                     em.reset()
                 k0 = b.add(b.mul(j, ir.Constant(I64, sub)), ir.Constant(I64, h * plen))
                 w = b.gep(r["w"], [b.add(b.mul(j, ir.Constant(I64, gpsub * group_bytes)),
                                          ir.Constant(I64, h * gpp * group_bytes))])  # fmt: skip
-                xs = [b.gep(r["x"], [b.mul(b.add(b.mul(k, ir.Constant(I64, t)), k0),
-                                           ir.Constant(I64, elem))]) for t in range(rows)]  # fmt: skip
-                accumulate_groups(b, list(zip(ems, xs, strict=True)), four_bit, w, gpp)
+                # the rows' activations from k0 (word k0 * elem / 4): constant offsets
+                x0 = b.gep(r["x"], [b.mul(b.udiv(k0, ir.Constant(I64, 4 // elem)), stride)])
+                xs = [b.gep(x0, [ir.Constant(I64, 4 * t)]) for t in range(rows)]
+                accumulate_groups(b, list(zip(ems, xs, strict=True)), four_bit, w, gpp, stride)
+                # the rows' scales: one column of xa, its rows at constant offsets
+                xa = b.gep(r["xa"], [b.mul(b.udiv(k0, ir.Constant(I64, ab)), n_act)])
                 for t, em in enumerate(ems):
-                    xb_t = b.add(b.mul(b.lshr(k, ir.Constant(I64, 4)), ir.Constant(I64, t)),
-                                 b.lshr(k0, ir.Constant(I64, 4)))  # fmt: skip
-                    bsum = b.load(b.gep(r["xb"], [xb_t]))
-                    if plen == 32:
-                        bsum = b.add(
-                            bsum, b.load(b.gep(r["xb"], [b.add(xb_t, ir.Constant(I64, 1))]))
-                        )
-                    xa_t = b.add(b.mul(b.udiv(k, ir.Constant(I64, ab)), ir.Constant(I64, t)),
-                                 b.udiv(k0, ir.Constant(I64, ab)))  # fmt: skip
-                    a = b.load(b.gep(r["xa"], [xa_t]))
-                    if pieces == 1:
-                        _combine_one(b, r, sc, b.load(mn), em.sums(), bsum, a, accs[t])
-                        continue
-                    # a piece of the sub-block: its scaled sum, and that of its activations
-                    fs, fb = b.sitofp(em.sums(), vec(F32, 16)), b.sitofp(bsum, F32)
-                    if h == 0:
-                        part, xsum = b.fmul(splat_f(b, a), fs), b.fmul(a, fb)
-                    else:
-                        part = fma(b, splat_f(b, a), fs, b.load(parts[t]))
-                        xsum = fma(b, a, fb, b.load(xsums[t]))
+                    a = splat_f(b, b.load(b.gep(xa, [ir.Constant(I64, t)])))
+                    fs = b.sitofp(em.sums(), vec(F32, 16))
+                    part = b.fmul(a, fs) if h == 0 else fma(b, a, fs, b.load(parts[t]))
                     b.store(part, parts[t])
-                    b.store(xsum, xsums[t])
-            for t in range(rows if pieces > 1 else 0):
-                _combine_pieces(b, r, sc, b.load(mn), b.load(parts[t]), b.load(xsums[t]), accs[t])
+            # the rows' activation sums: one row of xb (kernels/panels.py's xb_index)
+            xb_row = j if sub == 16 else b.add(b.udiv(k, ir.Constant(I64, 16)), j)
+            xb = b.gep(r["xb"], [b.mul(xb_row, n_act)])
+            for t in range(rows):
+                xs_t = splat_f(b, b.load(b.gep(xb, [ir.Constant(I64, t)])))
+                tmp = fma(b, c, xs_t, b.fmul(sc, b.load(parts[t])))
+                b.store(b.fadd(b.load(accs[t]), tmp), accs[t])
     for t, acc in enumerate(accs):
         out = b.gep(b.bitcast(r["out"], vec(F32, 16).as_pointer()), [ir.Constant(I64, t)])
         b.store(b.load(acc), out, align=4)
-
-
-def _combine_one(
-    b: ir.IRBuilder, r: dict[str, ir.Value], sc: ir.Value, mn: ir.Value, sums: ir.Value,
-    bsum: ir.Value, a: ir.Value, acc: ir.Value,
-) -> None:  # fmt: skip
-    """acc += a * (sc * float(S - off * B) + mn * float(B)): a sub-block inside one
-    activation block (S the 16 rows' sums, B the activations' sum, a their scale)."""
-    offb = _splat_i(b, b.mul(b.trunc(r["off"], I32), bsum))
-    tmp = cgutils.alloca_once_value(b, b.fmul(sc, b.sitofp(b.sub(sums, offb), vec(F32, 16))))  # type: ignore[no-untyped-call]
-    with b.if_then(r["has_min"]):
-        fb = splat_f(b, b.sitofp(bsum, F32))
-        b.store(b.fadd(b.load(tmp), b.fmul(mn, fb)), tmp)
-    b.store(b.fadd(b.load(acc), b.fmul(splat_f(b, a), b.load(tmp))), acc)
-
-
-def _combine_pieces(
-    b: ir.IRBuilder, r: dict[str, ir.Value], sc: ir.Value, mn: ir.Value, part: ir.Value,
-    xsum: ir.Value, acc: ir.Value,
-) -> None:  # fmt: skip
-    """acc = fma(sc, P - off * X, acc), then acc = fma(mn, X, acc) with minimums: a
-    sub-block over several activation blocks, P the sum over them of a * float(S), X that of
-    a * float(B) (fused multiply-adds, rounded once: the float work of two blocks in about
-    the instructions of one)."""
-    offx = b.fmul(b.sitofp(r["off"], F32), xsum)
-    b.store(fma(b, sc, b.fsub(part, splat_f(b, offx)), b.load(acc)), acc)
-    with b.if_then(r["has_min"]):
-        b.store(fma(b, mn, splat_f(b, xsum), b.load(acc)), acc)
-
-
-def _splat_i(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
-    u = b.insert_element(ir.Constant(vec(I32, 16), ir.Undefined), v, ir.Constant(I32, 0))
-    return b.shuffle_vector(u, u, ir.Constant(vec(I32, 16), [0] * 16))
 
 
 def _emit_exact_row(b: ir.IRBuilder, four_bit: bool, r: dict[str, ir.Value]) -> None:
@@ -262,10 +239,10 @@ def _data(context: Any, builder: ir.IRBuilder, ty: types.Array, value: ir.Value)
 
 
 def _panel_row(four_bit: bool, rows: int) -> Any:
-    def typer(typingctx: Any, isa: Any, lanes: Any, w_off: Any, xq: Any, x_off: Any, xa: Any,
-              xa_off: Any, xb: Any, xb_off: Any, d: Any, dm: Any, isc: Any, imn: Any,
-              s_off: Any, sub_off: Any, sps: Any, has_min: Any, n_sub: Any, sub: Any, off: Any,
-              out: Any) -> Any:  # fmt: skip
+    def typer(typingctx: Any, isa: Any, lanes: Any, w_off: Any, xq: Any, x_off: Any,
+              x_stride: Any, xa: Any, xa_off: Any, xb: Any, xb_off: Any, d: Any, dm: Any,
+              isc: Any, imn: Any, s_off: Any, sub_off: Any, sps: Any, has_min: Any, n_sub: Any,
+              sub: Any, off: Any, out: Any) -> Any:  # fmt: skip
         if not (
             isinstance(xq, types.Array) and xq.dtype in (types.int8, types.int16, types.float32)
         ):
@@ -273,12 +250,12 @@ def _panel_row(four_bit: bool, rows: int) -> Any:
         int16 = xq.dtype == types.int16
         exact = xq.dtype == types.float32
         elem = 4 if exact else (2 if int16 else 1)
-        argtys = (isa, lanes, w_off, xq, x_off, xa, xa_off, xb, xb_off, d, dm, isc, imn,
+        argtys = (isa, lanes, w_off, xq, x_off, x_stride, xa, xa_off, xb, xb_off, d, dm, isc, imn,
                   s_off, sub_off, sps, has_min, n_sub, sub, off, out)  # fmt: skip
         sig = types.void(*argtys)
 
         def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-            v = dict(zip(("isa", "lanes", "w_off", "xq", "x_off", "xa", "xa_off", "xb",
+            v = dict(zip(("isa", "lanes", "w_off", "xq", "x_off", "x_stride", "xa", "xa_off", "xb",
                           "xb_off", "d", "dm", "isc", "imn", "s_off", "sub_off", "sps",
                           "has_min", "n_sub", "sub", "off", "out"), args, strict=True))  # fmt: skip
             ty = dict(zip(v, sig.args, strict=True))
@@ -294,12 +271,13 @@ def _panel_row(four_bit: bool, rows: int) -> Any:
             row = {
                 "w": data("lanes", I8, "w_off"),
                 "x": data("xq", F32, "x_off") if exact else builder.gep(data("xq", I8, None), [builder.mul(i64("x_off"), ir.Constant(I64, elem))]),
-                "xa": data("xa", F32, "xa_off"), "xb": data("xb", I32, "xb_off"),
+                "xa": data("xa", F32, "xa_off"), "xb": data("xb", F32, "xb_off"),
                 "d": data("d", I16, "s_off"), "dm": data("dm", I16, "s_off"),
                 "isc": data("isc", I8, "sub_off"), "imn": data("imn", I8, "sub_off"),
                 "out": data("out", F32, None), "sps": i64("sps"), "n_sub": i64("n_sub"),
-                "sub": i64("sub"), "off": i64("off"),
+                "sub": i64("sub"), "off": i64("off"), "x_stride": i64("x_stride"),
                 "has_min": builder.icmp_unsigned("!=", v["has_min"], ir.Constant(v["has_min"].type, 0)),
+                "n_act": builder.extract_value(context.make_array(ty["xa"])(context, builder, v["xa"]).shape, 1),
             }  # fmt: skip
             if exact:
                 _emit_exact_row(builder, four_bit, row)
@@ -316,17 +294,21 @@ def _panel_row(four_bit: bool, rows: int) -> Any:
     return intrinsic(typer)
 
 
-# panel_row_4 / panel_row_8(isa, lanes, w_off, xq, x_off, xa, xa_off, xb, xb_off, d, dm, isc,
-# imn, s_off, sub_off, sps, has_min, n_sub, sub, off, out): out[0:16] float32 = one panel's
-# 16 rows (from byte w_off of lanes' data; scales from element s_off of d / dm and sub_off of
-# isc / imn) times one quantized activation row (xq from flat element x_off, its scales xa
-# from x_off // 32, its sums xb from x_off // 16); isa is an Isa other than PORTABLE that
-# this host supports (any other value leaves out untouched). With float32 xq (exact mode),
-# xa holds the row's sums per sub-block, xb and isa are unused.
+# panel_row_4 / panel_row_8(isa, lanes, w_off, xq, x_off, x_stride, xa, xa_off, xb, xb_off, d,
+# dm, isc, imn, s_off, sub_off, sps, has_min, n_sub, sub, off, out): out[0:16] float32 = one
+# panel's 16 rows (from byte w_off of lanes' data; scales from element s_off of d / dm and
+# sub_off of isc / imn) times one quantized activation row (its first word at flat element
+# x_off of xq, its next words x_stride bytes apart: kernels/dot.py's ACT_ROWS; its scales xa
+# (K // act_block, n) and sums xb (K // 16 + K // 32, n) from column xa_off = xb_off, the row's
+# index); isa is an Isa other than PORTABLE that this host supports (any other value leaves
+# out untouched). With float32 xq (exact mode), xq's row is contiguous from x_off, xa
+# (n, K // sub) holds its sums per sub-block from flat element xa_off, and x_stride, xb and
+# isa are unused.
 panel_row_4 = _panel_row(True, 1)
 panel_row_8 = _panel_row(False, 1)
-# the same for ROWS (WIDE) consecutive activation rows (x_off the first's; out[16 t:] for row t)
-ROWS, WIDE = 4, 8
+# the same for ROWS (WIDE) consecutive activation rows of one group (x_off the first's; out[16 t:]
+# for row t); WIDE's are always a full group (x_stride 4 * ACT_ROWS)
+ROWS, WIDE = 4, ACT_ROWS
 panel_rows_4 = _panel_row(True, ROWS)
 panel_rows_8 = _panel_row(False, ROWS)
 panel_wide_4 = _panel_row(True, WIDE)

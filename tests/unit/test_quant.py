@@ -80,10 +80,26 @@ def test_exact_mode_equals_float64_on_both_paths(qtype: Q, n: int) -> None:
 BLOCK = {Numerics.INT8: 16, Numerics.INT16: 32}
 
 
+def act_rows(a: weights.Activations) -> np.ndarray:
+    """a.xq with its rows in order: the kernels' interleaving (kernels/dot.py's ACT_ROWS)
+    undone."""
+    n, k = a.xq.shape
+    e, flat, out = 4 // a.xq.itemsize, a.xq.reshape(-1), np.empty_like(a.xq)
+    for t in range(n):
+        g, u = divmod(t, dot.ACT_ROWS)
+        rows = min(dot.ACT_ROWS, n - g * dot.ACT_ROWS)
+        start = g * dot.ACT_ROWS * k
+        group = flat[start : start + rows * k].reshape(k // e, rows, e)
+        out[t] = group[:, u].reshape(-1)
+    return out
+
+
 def quantized_reference(x: np.ndarray, w: np.ndarray, numerics: Numerics) -> np.ndarray:
     """x rounded per block as the kernels do, times w, in float64."""
     a = weights.quantize(x, numerics)
-    xr = a.xq.astype(np.float64) * np.repeat(a.xa.astype(np.float64), BLOCK[numerics], axis=1)
+    xr = act_rows(a).astype(np.float64) * np.repeat(
+        a.xa.T.astype(np.float64), BLOCK[numerics], axis=1
+    )
     return xr @ w.astype(np.float64).T
 
 
@@ -141,11 +157,19 @@ def test_quantized_activations_round_per_block() -> None:
     for numerics, qmax in ((Numerics.INT8, 127), (Numerics.INT16, 32767)):
         a, blk = weights.quantize(x, numerics), BLOCK[numerics]
         amax = np.abs(x.reshape(2, 64 // blk, blk)).max(-1)
-        np.testing.assert_array_equal(a.xa, (amax / np.float32(qmax)).astype(np.float32))
-        assert np.abs(a.xq).max() == qmax and not a.xq[1, 32:].any()
-        np.testing.assert_array_equal(a.xb, a.xq.reshape(2, 4, 16).astype(np.int32).sum(-1))
-        err = np.abs(a.xq * np.repeat(a.xa, blk, axis=1) - x)
-        assert (err <= np.repeat(a.xa, blk, axis=1) * 0.5 * (1 + 1e-6)).all()
+        scales = (amax / np.float32(qmax)).astype(np.float32)  # (row, block)
+        np.testing.assert_array_equal(a.xa, scales.T)
+        xq = act_rows(a)
+        assert xq.shape == x.shape and np.abs(xq).max() == qmax and not xq[1, 32:].any()
+        sums = xq.reshape(2, 4, 16).astype(np.int32).sum(-1).astype(np.float32)
+        per16 = (np.repeat(scales, blk // 16, axis=1) * sums).T  # (16 values, row)
+        if blk == 32:  # each 32 values: their one scale times their sum
+            per32 = (scales * (sums[:, 0::2] + sums[:, 1::2])).T
+        else:  # the two blocks' scaled sums, added
+            per32 = per16[0::2] + per16[1::2]
+        np.testing.assert_array_equal(a.xb, np.concatenate([per16, per32]))
+        err = np.abs(xq * np.repeat(scales, blk, axis=1) - x)
+        assert (err <= np.repeat(scales, blk, axis=1) * 0.5 * (1 + 1e-6)).all()
 
 
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
