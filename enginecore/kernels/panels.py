@@ -17,10 +17,9 @@ so that weight = sc * (v - off) + mn, with sc = d * isc and mn = dm * imn per su
 
 Integer modes: activations quantized per block (`act_block`: 16 values for int8, 32 for
 int16) to int8 or int16 (scale xa; xb, the sums of each 16 and each 32 dequantized values),
-each panel's
-exact int32 sums per sub-block, or per activation block when that is shorter, from
-kernels/dot.py (or the portable loop here), then per output element, in one fixed order,
-one float32 multiply and fused multiply-adds (kernels/simd.py's docstring): the same bits
+each panel's exact int32 sums per sub-block, or per activation block when that is shorter,
+from kernels/dot.py (or the portable loop here), then per output element, in one fixed order,
+float32 multiplies, adds and fused multiply-adds (kernels/simd.py's docstring): the same bits
 for any row count, thread split or ISA path. Exact mode and the embedding lookups:
 kernels/dequant.py.
 """
@@ -117,8 +116,8 @@ def _abs_max(x, t, k0, n):
 def _quantize_row(x, t, qmax, xq, xa, xb, q, q_words, words):
     # row t of x (n, K) float32 -> row t of xq = round(x / xa) (int8 / int16, in kernels/
     # dot.py's ACT_ROWS layout; words: xq's data as int32), column t of xa (K // act_block,
-    # n), the block scales max|x| / qmax, and of xb (xb_index), each 16 values' sum of xq
-    # times their scale; the same operations whatever loop runs it. q: a scratch of one block
+    # n), the block scales max|x| / qmax, and of xb, the sums of its dequantized values per 16
+    # and per 32 (xb_index); the same operations whatever loop runs it. q: a scratch of one block
     # of xq's type (q_words: the same as int32), so that the rounding loop is contiguous and
     # the stores are whole words
     ab = act_block(xq)
