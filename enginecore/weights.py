@@ -63,7 +63,7 @@ class Activations(NamedTuple):
 
     xq: npt.NDArray[Any]  # (n, K) int8 or int16
     xa: F32  # (K // block, n) block scales (panels.act_block: 16 for int8, 32 for int16)
-    xb: F32  # (K // 16, n) each 16 values' sum of xq times their block's scale
+    xb: F32  # (K // 16 + K // 32, n) sums of the dequantized values per 16, then per 32
 
 
 # integer mode -> (a zero-size array of its activations' type, their largest magnitude)

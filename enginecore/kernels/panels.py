@@ -113,6 +113,14 @@ def _abs_max(x, t, k0, n):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def xb_index(K, sub, j):
+    # xb's row of sub-block j of `sub` (16 or 32) values, for activation rows of K values:
+    # each 16 values' sum of xq times its scale (rows 0 .. K / 16 - 1), then each 32's, as the
+    # scaled sum over their one block (int16) or the two blocks' sums added (int8)
+    return j if sub == 16 else K // 16 + j
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _quantize_row(x, t, qmax, xq, xa, xb, q, q_words, words):
     # row t of x (n, K) float32 -> row t of xq = round(x / xa) (int8 / int16, in kernels/
     # dot.py's ACT_ROWS layout; words: xq's data as int32), column t of xa (K // act_block,
@@ -125,7 +133,8 @@ def _quantize_row(x, t, qmax, xq, xa, xb, q, q_words, words):
     first, rows = act_row(xq, t)
     w0 = first // e  # the row's first word (numba's // and % are Python's: hoisted by hand)
     lo, hi = np.float32(-qmax), np.float32(qmax)
-    for blk in range(x.shape[1] // ab):
+    K = x.shape[1]
+    for blk in range(K // ab):
         amax = _abs_max(x, t, blk * ab, ab)
         scale = amax / np.float32(qmax)
         inv = np.float32(qmax) / amax if amax > 0 else np.float32(0.0)
@@ -137,13 +146,12 @@ def _quantize_row(x, t, qmax, xq, xa, xb, q, q_words, words):
             s = np.int32(0)
             for i in range(16):
                 s += np.int32(q[half * 16 + i])
-            xb[blk * (ab // 16) + half, t] = scale * np.float32(s)
+            xb[xb_index(K, 16, blk * (ab // 16) + half), t] = scale * np.float32(s)
             total += s
-        n16 = x.shape[1] // 16
         if ab == 32:
-            xb[n16 + blk, t] = scale * np.float32(total)
+            xb[xb_index(K, 32, blk), t] = scale * np.float32(total)
         elif blk % 2 == 1:  # int8: the two blocks' sums, added
-            xb[n16 + blk // 2, t] = xb[blk - 1, t] + xb[blk, t]
+            xb[xb_index(K, 32, blk // 2), t] = xb[blk - 1, t] + xb[blk, t]
         xa[blk, t] = scale
         if rows == 1:  # a group of one row (one sequence's decode) is row t as it is
             for i in range(ab):
@@ -151,14 +159,6 @@ def _quantize_row(x, t, qmax, xq, xa, xb, q, q_words, words):
             continue
         for w in range(ab // e):
             words[w0 + (blk * (ab // e) + w) * rows] = q_words[w]
-
-
-@njit(cache=True, nogil=True, inline="always")
-def xb_index(K, sub, j):
-    # xb's row of sub-block j of `sub` (16 or 32) values, for activation rows of K values:
-    # each 16 values' sum of xq times its scale (rows 0 .. K / 16 - 1), then each 32's, as the
-    # scaled sum over their one block (int16) or the two blocks' sums added (int8)
-    return j if sub == 16 else K // 16 + j
 
 
 @njit(cache=True, nogil=True)
