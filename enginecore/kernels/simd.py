@@ -29,6 +29,7 @@ from enginecore.kernels.dot import (
     I16,
     I32,
     I64,
+    PREFETCH_BYTES,
     Emitter,
     Isa,
     accumulate_groups,
@@ -132,6 +133,7 @@ def _emit_sub_rows(
     if planes:
         chains = 1
     ems = [Emitter(b, isa, int16, four_bit, chains, planes) for _ in range(rows)]
+    ahead = PREFETCH_BYTES if rows < ACT_ROWS else 0
     zero = ir.Constant(vec(F32, 16), None)
     accs = [cgutils.alloca_once_value(b, zero) for _ in range(rows)]  # type: ignore[no-untyped-call]
     elem = 2 if int16 else 1
@@ -171,7 +173,8 @@ def _emit_sub_rows(
                 # the rows' activations from k0 (word k0 * elem / 4): constant offsets
                 x0 = b.gep(r["x"], [b.mul(b.udiv(k0, ir.Constant(I64, 4 // elem)), stride)])
                 xs = [b.gep(x0, [ir.Constant(I64, 4 * t)]) for t in range(rows)]
-                accumulate_groups(b, list(zip(ems, xs, strict=True)), four_bit, w, gpp, stride)
+                accumulate_groups(b, list(zip(ems, xs, strict=True)), four_bit, w, gpp, stride,
+                                  ahead)  # fmt: skip
                 # the rows' scales: one column of xa, its rows at constant offsets
                 xa = b.gep(r["xa"], [b.mul(b.udiv(k0, ir.Constant(I64, ab)), n_act)])
                 for t, em in enumerate(ems):
