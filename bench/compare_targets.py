@@ -43,6 +43,12 @@ def _ratio(lv: LevelReport, base: LevelReport | None) -> float | None:
     return lv.output_tokens_per_s / base.output_tokens_per_s
 
 
+def _beat_an_empty_level(lv: LevelReport, base: LevelReport) -> bool:
+    """tl-serve completed every request of a level in which llama-server completed none (its
+    requests hit the level's time cap): no ratio, but no doubt either."""
+    return base.completed == 0 and lv.completed > 0 and lv.failed == 0
+
+
 def _times(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x"
 
@@ -73,6 +79,8 @@ def ratios(levels: dict[str, dict[int, LevelReport]], key: str) -> list[str]:
         want = target.throughput.get(c)
         if want is None:
             tput = "-"
+        elif ratio is None and _beat_an_empty_level(lv, base):
+            tput = f"yes (>= {want:g}x; llama-server completed none)"
         else:
             tput = f"{_verdict(ratio is not None and ratio >= want)} (>= {want:g}x)"
         tl_p99 = lv.ttft_ms.p99 if lv.ttft_ms else float("inf")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from bench.compare import model_key
@@ -89,6 +90,15 @@ def test_a_level_where_nothing_completed_has_no_ratio() -> None:
     )  # fmt: skip
     levels = {"tl-serve": {64: empty}, "llama-server -np 64": {64: empty}}
     assert row(ratios(levels, "1.7B"), 64) == "| 64 | 0.0 | 0.0 | - | - | - / - | - |"
+    # a target level: met only when tl-serve completed everything and llama-server nothing
+    at16 = msgspec.structs.replace(empty, concurrency=16)
+    levels = {"tl-serve": {16: level(16, 27.0, 900)}, "llama-server -np 64": {16: at16}}
+    assert "| - | yes (>= 2x; llama-server completed none) |" in row(ratios(levels, "1.7B"), 16)
+    levels = {"tl-serve": {16: at16}, "llama-server -np 64": {16: at16}}
+    assert "| - | **no** (>= 2x) |" in row(ratios(levels, "1.7B"), 16)
+    partial = msgspec.structs.replace(level(16, 27.0, 900), completed=7, failed=1)
+    levels = {"tl-serve": {16: partial}, "llama-server -np 64": {16: at16}}
+    assert "| - | **no** (>= 2x) |" in row(ratios(levels, "1.7B"), 16)
 
 
 def test_the_large_shape_targets_hold_for_each_of_its_files() -> None:
