@@ -79,7 +79,7 @@ def ratios(levels: dict[str, dict[int, LevelReport]], key: str) -> list[str]:
         want = target.throughput.get(c)
         if want is None:
             tput = "-"
-        elif ratio is None and _beat_an_empty_level(lv, base):
+        elif _beat_an_empty_level(lv, base):
             tput = f"yes (>= {want:g}x; llama-server completed none)"
         else:
             tput = f"{_verdict(ratio is not None and ratio >= want)} (>= {want:g}x)"
