@@ -250,9 +250,10 @@ def _part8(b: ir.IRBuilder, w: ir.Value, start: int, n: int) -> ir.Value:
 # the kernels of few activation rows ask for the weights this many bytes ahead of the group
 # being multiplied (one prefetch per cache line): a decode step of a few sequences reads every
 # weight once, from DRAM, and the hardware's prefetchers alone left it at ~11 GB/s of ~20 on
-# Ice Lake (bench.ab steps: decode B=1 0.85x, B=4 0.85-0.90x the time, same bits; 1,024 bytes
-# gave 0.91x). The kernels of a full row group are compute-bound: a prefill of 64 rows took
-# 1.05-1.09x the time with it, so they do without.
+# Ice Lake (bench.ab steps, as committed: decode B=1 0.83x best / 0.88x median the time, B=4
+# 0.88x / 0.92x, B=16 1.00x, same bits; 1,024 bytes gave 0.91x at B=1). The kernels of a full
+# row group (prefill, large batches) do without: with the prefetch in them too, a prefill of
+# 64 rows took 1.05-1.09x the time; without, 1.03-1.06x, which may be noise.
 PREFETCH_BYTES = 2048
 
 
