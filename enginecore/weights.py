@@ -34,11 +34,11 @@ ISA = dot.SELECTED
 class Decoded(NamedTuple):
     """One quantized matrix in integer form; rows are output features."""
 
-    v: npt.NDArray[np.uint8]  # (N, K) values, each below 16 when four_bit
+    v: npt.NDArray[np.uint8]  # (N, K) values, each below 2 ** bits
     off: int  # weight = sc * (v - off) + mn
     sub: int  # sub-block length along K (16 or 32)
     sps: int  # sub-blocks per super-block (1: the scale is per sub-block, isc = 1)
-    four_bit: bool
+    bits: int  # 4, 5 (32 for sub) or 8: the width the panels keep each value in
     d: npt.NDArray[np.uint16]  # (N, K // (sub * sps)) fp16 bits
     dm: npt.NDArray[np.uint16] | None  # (N, K // (sub * sps)) fp16 bits, None: no minimum
     isc: npt.NDArray[np.int8] | None  # (N, K // sub), None when sps == 1
@@ -133,12 +133,13 @@ class PackedMatrix:
     qtype: str  # the GGUF type it came from
     numerics: Numerics
     shape: tuple[int, int]
-    four_bit: bool
+    four_bit: bool  # lanes hold nibbles (4- and 5-bit values)
     off: int
     sub: int
     sps: int
     has_min: bool
     lanes: npt.NDArray[Any]  # (P, K * 16 / lane bytes [/ 2 when four_bit]) uint32 / uint16
+    hb: npt.NDArray[np.uint8]  # (P, K * 2) 5-bit values' high bits, (P, 0) for other widths
     d: npt.NDArray[np.uint16]  # (P, n_super, 16)
     dm: npt.NDArray[np.uint16]  # (P, n_super or 0, 16)
     isc: npt.NDArray[np.int8]  # (P, n_sub or 0, 16)
@@ -150,19 +151,29 @@ class PackedMatrix:
         n, k = dec.v.shape
         n_panels = -(-n // panels.LANES)
         v = np.pad(dec.v, ((0, n_panels * panels.LANES - n), (0, 0)))
-        if dec.four_bit and il == 2:  # two words per row: nibble q of word e is k0 + 2q + e
+        four_bit = dec.bits <= 5
+        high = None
+        if dec.bits == 5:  # nibbles in the lanes, the fifth bits apart (kernels/dot.py)
+            high, v = v >> 4, v & np.uint8(15)
+        if four_bit and il == 2:  # two words per row: nibble q of word e is k0 + 2q + e
             w = v.reshape(n_panels, panels.LANES, k // 8, 4, 2).astype(np.uint16)
             words = w[:, :, :, 0] | w[:, :, :, 1] << 4 | w[:, :, :, 2] << 8 | w[:, :, :, 3] << 12
             groups: npt.NDArray[Any] = words.view(np.uint8).reshape(
                 n_panels, panels.LANES, k // 8, 4
             )
-        elif dec.four_bit:
+        elif four_bit:
             g = v.reshape(n_panels, panels.LANES, k // (2 * il), 2, il)
             groups = g[:, :, :, 0, :] | (g[:, :, :, 1, :] << np.uint8(4))
         else:
             groups = v.reshape(n_panels, panels.LANES, k // il, il)
         lanes = np.ascontiguousarray(groups.transpose(0, 2, 1, 3))
         lanes = lanes.view(np.uint16 if il == 2 else np.uint32).reshape(n_panels, -1)
+        hb = np.zeros((n_panels, 0), np.uint8)
+        if high is not None:  # per group and part, a bit per lane (kernels/dot.py)
+            parts = (4, 2) if il == 2 else (2, 4)  # (parts, a row's values in one part)
+            h = high.reshape(n_panels, panels.LANES, k // 8, *parts).transpose(0, 2, 3, 1, 4)
+            hb = np.packbits(h.reshape(n_panels, -1, 8), axis=-1, bitorder="little")
+            hb = np.ascontiguousarray(hb.reshape(n_panels, -1))
 
         def per_row(a: npt.NDArray[Any] | None, dtype: type) -> npt.NDArray[Any]:
             if a is None:
@@ -170,19 +181,20 @@ class PackedMatrix:
             return _panel_major(a, n_panels)
 
         return PackedMatrix(
-            qtype, numerics, (n, k), dec.four_bit, dec.off, dec.sub, dec.sps,
-            dec.dm is not None, lanes, per_row(dec.d, np.uint16), per_row(dec.dm, np.uint16),
+            qtype, numerics, (n, k), four_bit, dec.off, dec.sub, dec.sps, dec.dm is not None,
+            lanes, hb, per_row(dec.d, np.uint16), per_row(dec.dm, np.uint16),
             per_row(dec.isc, np.int8), per_row(dec.imn, np.int8),
         )  # fmt: skip
 
     @property
     def nbytes(self) -> int:
-        return sum(int(a.nbytes) for a in (self.lanes, self.d, self.dm, self.isc, self.imn))
+        arrays = (self.lanes, self.hb, self.d, self.dm, self.isc, self.imn)
+        return sum(int(a.nbytes) for a in arrays)
 
     def _format(self) -> tuple[Any, ...]:
         # the per-panel arrays first (panel_slice relies on it), then the type's constants
-        return (self.lanes, self.d, self.dm, self.isc, self.imn, self.four_bit, self.off,
-                self.sub, self.sps, self.has_min)  # fmt: skip
+        return (self.lanes, self.hb, self.d, self.dm, self.isc, self.imn, self.four_bit,
+                self.off, self.sub, self.sps, self.has_min)  # fmt: skip
 
     def matmul(self, x: F32, out: F32, col0: int = 0, acts: Activations | None = None) -> None:
         """out[:, col0 : col0 + N] = x (n, K) @ W.T."""
@@ -212,9 +224,9 @@ class PackedMatrix:
 
 
 def panel_slice(fmt: tuple[Any, ...], p0: int, p1: int) -> tuple[Any, ...]:
-    """Panels p0..p1-1 of a panel format (PackedMatrix._format): views of its five per-panel
+    """Panels p0..p1-1 of a panel format (PackedMatrix._format): views of its six per-panel
     arrays, the same constants."""
-    return tuple(a[p0:p1] for a in fmt[:5]) + fmt[5:]
+    return tuple(a[p0:p1] for a in fmt[:6]) + fmt[6:]
 
 
 @dataclass(slots=True)

@@ -8,6 +8,7 @@ weight is sc * (v - off) + mn exactly as gguf.quants.dequantize computes it
 (kernels/panels.py has the format), in a tile as in an embedding lookup, bit for bit.
 """
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -17,9 +18,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from enginecore.kernels import gemm
-from enginecore.kernels.dot import I8, I16, I32, I64, vec
-from enginecore.kernels.panels import LANES, group_values, sub_scales
-from enginecore.kernels.simd import panel_row_4, panel_row_8
+from enginecore.kernels.dot import HIGH_BYTES, I8, I16, I32, I64, five_bit_bytes, vec
+from enginecore.kernels.panels import LANES, group_values, high_bit, sub_scales
+from enginecore.kernels.simd import panel_row_4, panel_row_5, panel_row_8
 
 F32 = ir.FloatType()
 V16 = vec(F32, 16)
@@ -43,21 +44,24 @@ def block_sums(x, sub, xs):  # x (n, K) float32 -> xs (n, K // sub) sums per sub
 def f32_matmul(x, xs, fmt, out, col0, n_rows, parts):
     # exact mode, few rows: out[t, col0 + row] = sum over sub-blocks of
     # sc * sum_k (v_k - off) x_k + mn * xs (kernels/simd.py); lanes uint32, one row per lane
-    lanes, d, dm, isc, imn, four_bit, off, sub, sps, has_min = fmt
+    lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min = fmt
     n, K = x.shape
     P = lanes.shape[0]
     n_sub = K // sub
     panel_bytes = lanes.shape[1] * 4
+    five = hb.shape[1] > 0
     unused = np.empty(1, np.int32)
     step = -(-P // parts)
     for part in prange(parts):
         acc = np.empty(LANES, np.float32)
         for p in range(part * step, min(P, part * step + step)):
             for t in range(n):
-                args = (1, lanes, p * panel_bytes, x, t * K, 0, xs, t * n_sub, unused, 0, d,
-                        dm, isc, imn, p * d.shape[1] * LANES, p * isc.shape[1] * LANES, sps,
-                        has_min, n_sub, sub, off, acc)  # fmt: skip
-                if four_bit:
+                args = (1, lanes, p * panel_bytes, hb, p * hb.shape[1], x, t * K, 0, xs,
+                        t * n_sub, unused, 0, d, dm, isc, imn, p * d.shape[1] * LANES,
+                        p * isc.shape[1] * LANES, sps, has_min, n_sub, sub, off, acc)  # fmt: skip
+                if five:
+                    panel_row_5(*args)
+                elif four_bit:
                     panel_row_4(*args)
                 else:
                     panel_row_8(*args)
@@ -92,9 +96,10 @@ def _row_scales(b: ir.IRBuilder, f16s: ir.Value, ints: ir.Value | None, j: ir.Va
 
 
 def _emit_tile(b: ir.IRBuilder, four_bit: bool, has_min: bool, scaled: bool,
-               r: dict[str, ir.Value]) -> None:  # fmt: skip
+               r: dict[str, ir.Value], five: bool) -> None:  # fmt: skip
     """tile[k, 0:16] = the 16 rows' weight k, for every k: sc * (float(v) - off) (+ mn), fp32
-    mul then add without fast-math flags, as gguf.quants.dequantize computes them."""
+    mul then add without fast-math flags, as gguf.quants.dequantize computes them; 5-bit
+    values with their fifth bits from hb (kernels/dot.py)."""
     per_group = 8 if four_bit else 4
     groups = b.udiv(r["sub"], ir.Constant(I64, per_group))
     off = b.sitofp(r["off"], F32)
@@ -120,20 +125,27 @@ def _emit_tile(b: ir.IRBuilder, four_bit: bool, has_min: bool, scaled: bool,
                 dst = b.gep(r["tile"], [b.mul(b.add(k0, ir.Constant(I64, k)), row_bytes)])
                 b.store(w, b.bitcast(dst, V16.as_pointer()), align=4)
 
-            for byte in range(4):
-                shifted = b.lshr(lanes, ir.Constant(vec(I32, 16), [8 * byte] * 16))
-                put(b.and_(shifted, mask), byte)
-                if four_bit:
-                    high = b.lshr(shifted, ir.Constant(vec(I32, 16), [4] * 16))
-                    put(b.and_(high, mask), 4 + byte)
+            if five:
+                hb = b.gep(r["hb"], [b.mul(g, ir.Constant(I64, HIGH_BYTES))])
+                fives = five_bit_bytes(b, lanes, hb)
+                for q, byte in itertools.product(range(2), range(4)):
+                    shifted = b.lshr(fives[q], ir.Constant(vec(I32, 16), [8 * byte] * 16))
+                    put(b.and_(shifted, ir.Constant(vec(I32, 16), [31] * 16)), 4 * q + byte)
+            else:
+                for byte in range(4):
+                    shifted = b.lshr(lanes, ir.Constant(vec(I32, 16), [8 * byte] * 16))
+                    put(b.and_(shifted, mask), byte)
+                    if four_bit:
+                        high = b.lshr(shifted, ir.Constant(vec(I32, 16), [4] * 16))
+                        put(b.and_(high, mask), 4 + byte)
 
 
-def _panel_to_tile(four_bit: bool) -> Any:
-    def typer(typingctx: Any, lanes: Any, p: Any, d: Any, dm: Any, isc: Any, imn: Any,
+def _panel_to_tile(four_bit: bool, five: bool = False) -> Any:
+    def typer(typingctx: Any, lanes: Any, hb: Any, p: Any, d: Any, dm: Any, isc: Any, imn: Any,
               sps: Any, off: Any, sub: Any, has_min: Any, tile: Any, c0: Any) -> Any:  # fmt: skip
-        names = ("lanes", "p", "d", "dm", "isc", "imn", "sps", "off", "sub", "has_min", "tile",
-                 "c0")  # fmt: skip
-        sig = types.void(lanes, p, d, dm, isc, imn, sps, off, sub, has_min, tile, c0)
+        names = ("lanes", "hb", "p", "d", "dm", "isc", "imn", "sps", "off", "sub", "has_min",
+                 "tile", "c0")  # fmt: skip
+        sig = types.void(lanes, hb, p, d, dm, isc, imn, sps, off, sub, has_min, tile, c0)
 
         def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
             v = dict(zip(names, args, strict=True))
@@ -157,7 +169,7 @@ def _panel_to_tile(four_bit: bool) -> Any:
             ld = builder.udiv(cgutils.unpack_tuple(builder, t.strides)[0], ir.Constant(I64, 4))  # type: ignore[no-untyped-call]
             first = builder.gep(builder.bitcast(t.data, I8.as_pointer()),
                                 [builder.mul(i64("c0"), ir.Constant(I64, 4))])  # fmt: skip
-            r = {"w": panel("lanes"), "d": panel("d"), "dm": panel("dm"), "isc": panel("isc"),
+            r = {"w": panel("lanes"), "hb": panel("hb"), "d": panel("d"), "dm": panel("dm"), "isc": panel("isc"),
                  "imn": panel("imn"), "sps": i64("sps"), "off": i64("off"), "sub": i64("sub"),
                  "n_sub": builder.udiv(rows, i64("sub")), "ld": ld, "tile": first}  # fmt: skip
             has_min = builder.icmp_unsigned("!=", v["has_min"], ir.Constant(v["has_min"].type, 0))
@@ -166,9 +178,9 @@ def _panel_to_tile(four_bit: bool) -> Any:
                 for flag, block in ((True, with_min), (False, without)):
                     with block, builder.if_else(scaled) as (sub_scaled, plain):
                         with sub_scaled:
-                            _emit_tile(builder, four_bit, flag, True, r)
+                            _emit_tile(builder, four_bit, flag, True, r, five)
                         with plain:
-                            _emit_tile(builder, four_bit, flag, False, r)
+                            _emit_tile(builder, four_bit, flag, False, r, five)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -176,23 +188,27 @@ def _panel_to_tile(four_bit: bool) -> Any:
     return intrinsic(typer)
 
 
-# panel_to_tile_4 / _8(lanes, p, d, dm, isc, imn, sps, off, sub, has_min, tile, c0): columns
-# c0 .. c0 + 16 of tile (K, cols) float32 = the weights of panel p's 16 rows (lanes uint32),
-# tile[k, c0 + r] = weight k of row r, bit for bit what the embedding lookup gives
+# panel_to_tile_4 / _5 / _8(lanes, hb, p, d, dm, isc, imn, sps, off, sub, has_min, tile, c0):
+# columns c0 .. c0 + 16 of tile (K, cols) float32 = the weights of panel p's 16 rows (lanes
+# uint32; _5: the fifth bits in hb), tile[k, c0 + r] = weight k of row r, bit for bit what the
+# embedding lookup gives
 panel_to_tile_4 = _panel_to_tile(True)
+panel_to_tile_5 = _panel_to_tile(True, five=True)
 panel_to_tile_8 = _panel_to_tile(False)
 
 
 @njit(cache=True, nogil=True)
 def fill_tile(fmt, p0, p1, tile):
     # tile[:, 16 (p - p0) + r] = row r of panel p (its weights along K), p0 <= p < p1
-    lanes, d, dm, isc, imn, four_bit, off, sub, sps, has_min = fmt
+    lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min = fmt
     for p in range(p0, p1):
         c0 = (p - p0) * LANES
-        if four_bit:
-            panel_to_tile_4(lanes, p, d, dm, isc, imn, sps, off, sub, has_min, tile, c0)
+        if hb.shape[1] > 0:
+            panel_to_tile_5(lanes, hb, p, d, dm, isc, imn, sps, off, sub, has_min, tile, c0)
+        elif four_bit:
+            panel_to_tile_4(lanes, hb, p, d, dm, isc, imn, sps, off, sub, has_min, tile, c0)
         else:
-            panel_to_tile_8(lanes, p, d, dm, isc, imn, sps, off, sub, has_min, tile, c0)
+            panel_to_tile_8(lanes, hb, p, d, dm, isc, imn, sps, off, sub, has_min, tile, c0)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -218,8 +234,9 @@ def f32_gemm(x, fmt, out, col0, n_rows, parts):
 @njit(parallel=True, cache=True, nogil=True)
 def dequantize_rows(ids, fmt, out):
     # out (n, K) float32 = rows ids of the matrix (an embedding lookup); lanes uint32 or
-    # uint16 (4 or 2 bytes per row and group; two words with 4-bit weights)
-    lanes, d, dm, isc, imn, four_bit, off, sub, sps, has_min = fmt
+    # uint16 (4 or 2 bytes per row and group; two words with 4-bit weights; hb: 5-bit ones'
+    # fifth bits)
+    lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min = fmt
     n, K = out.shape
     il = lanes.itemsize
     per_group = group_values(lanes, four_bit)
@@ -230,6 +247,7 @@ def dequantize_rows(ids, fmt, out):
             if four_bit and il == 2:  # two words per row: nibble q of word e is 2q + e
                 word = lanes[p, g * 2 * LANES + 2 * r + rem % 2]
                 v = (np.int64(word) >> (4 * (rem // 2))) & 15
+                v += high_bit(hb, p, g, rem // 2, 2 * r + rem % 2, 32)
             else:
                 shift = 8 * rem
                 mask = 255
@@ -237,5 +255,7 @@ def dequantize_rows(ids, fmt, out):
                     shift = 8 * (rem % il) + 4 * (rem // il)
                     mask = 15
                 v = (np.int64(lanes[p, g * LANES + r]) >> shift) & mask
+                if four_bit:
+                    v += high_bit(hb, p, g, rem // il, il * r + rem % il, 64)
             sc, mn = sub_scales(d, dm, isc, imn, p, sps, has_min, k // sub, r)
             out[t, k] = _weight(v, off, sc, mn, has_min)

@@ -22,6 +22,14 @@ Layout of one group of 16 rows (`group_layout`: its bytes and the values of k it
     the broadcast activation pair: no byte-to-word widening (a shuffle-port instruction per
     32 weights, which bounded the one-row kernel), and the sums of each p kept apart and
     shifted right by 4p at the end are the same exact integers.
+  5-bit weights (Q5_0, Q5_1, Q5_K): their low four bits in the 4-bit layout of the mode, and
+    the fifth bits in a plane of their own (`hb`, HIGH_BYTES per group): one bit per lane of
+    each part the nibbles are unpacked into, in order (int8 activations: the low nibbles' 64
+    bytes, then the high ones'; int16: nibble 0's 32 words, .. nibble 3's), bit i of the part
+    its lane i. The bits become 16 (16^p scaled in place) added to the lanes they are set in, one
+    masked add per part, before the same multiply-adds: 5/8 of an 8-bit panel's bytes read.
+    In place, nibble 2 with its fifth bit is at most 31 * 256: an int16 activation block's 4
+    groups add 8 products of at most 7936 * 32767 to a lane, 2,080,299,776 < 2^31.
 """
 
 from __future__ import annotations
@@ -100,6 +108,10 @@ def _dpwssd(b: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.Valu
 # one pointer and constant offsets (eight row pointers spilled general registers, and each
 # broadcast reloaded one), and a lone row (decode of one sequence) stays contiguous.
 ACT_ROWS = 8
+
+
+# bytes of a group's fifth bits (16 rows x 8 values)
+HIGH_BYTES = 16
 
 
 def group_layout(int16: bool, four_bit: bool) -> tuple[int, int]:
@@ -266,14 +278,47 @@ def prefetch(b: ir.IRBuilder, base: ir.Value, offset: int) -> None:
     b.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 
+def with_high(
+    b: ir.IRBuilder, part: ir.Value, hb: ir.Value, offset: int, value: int, masked: bool = False
+) -> ir.Value:
+    """part plus `value` in each lane whose bit is set in the mask at byte offset of hb.
+
+    masked (AVX-512): one merge-masked vpaddb / vpaddw, as inline assembly, because LLVM
+    turns the add of bits it knows are clear into an or, which has no byte or word masking,
+    and then blends (two instructions per part, which slowed the one-row kernel by a third)."""
+    n = part.type.count
+    bits = load_at(b, hb, ir.Constant(I64, offset), ir.IntType(n))
+    mask = b.bitcast(bits, vec(ir.IntType(1), n))
+    add = ir.Constant(part.type, [value] * n)
+    if not masked:
+        return b.select(mask, b.add(part, add), part)
+    op = "vpaddb" if part.type.element.width == 8 else "vpaddw"
+    ty = ir.FunctionType(part.type, [part.type, part.type, mask.type])
+    return b.asm(ty, op + " $2, $1, $0 {$3}", "=v,0,v,^Yk", [part, add, mask], False)
+
+
+def five_bit_bytes(b: ir.IRBuilder, lanes: ir.Value, hb: ir.Value) -> list[ir.Value]:
+    """A group of 5-bit values in the 4-byte lanes of int8 activations (and exact mode), lanes
+    (<16 x i32>) and their fifth bits at hb: [low nibbles, high nibbles] with the bits added,
+    each <16 x i32> whose byte b of lane r is row r's value k0 + b, resp. k0 + 4 + b."""
+    nibbles = ir.Constant(vec(I32, 16), [0x0F0F0F0F] * 16)
+    out = []
+    for q in range(2):
+        nib = b.lshr(lanes, ir.Constant(vec(I32, 16), [4] * 16)) if q else lanes
+        nib = b.bitcast(b.and_(nib, nibbles), vec(I8, 64))
+        out.append(b.bitcast(with_high(b, nib, hb, 8 * q, 16), vec(I32, 16)))
+    return out
+
+
 def accumulate_groups(
     b: ir.IRBuilder, rows: list[tuple[Emitter, ir.Value]], four_bit: bool, w: ir.Value,
-    n_groups: int, stride: ir.Value, ahead: int = 0,
+    n_groups: int, stride: ir.Value, ahead: int = 0, hb: ir.Value | None = None,
 ) -> None:  # fmt: skip
     """Add the panel rows' integer dot products over n_groups groups from w to each
     (accumulators, activations) pair of `rows` (the activations' words `stride` bytes apart:
-    ACT_ROWS' layout): one weight load and unpack for all of them. `ahead` > 0: each cache
-    line's load first asks for the one `ahead` bytes further.
+    ACT_ROWS' layout): one weight load and unpack for all of them; 5-bit weights with their
+    fifth bits from hb (the module's docstring). `ahead` > 0: each cache line's load first
+    asks for the one `ahead` bytes further (of hb's, as many groups ahead).
     Straight-line code (a sub-block's few groups), consecutive pieces on consecutive chains."""
     first = rows[0][0]
     group_bytes, k_per_group = group_layout(first.int16, four_bit)
@@ -282,8 +327,11 @@ def accumulate_groups(
     for g in range(n_groups):
         if ahead and (g * group_bytes) % 64 == 0:
             prefetch(b, w, g * group_bytes + ahead)
+        if ahead and hb is not None and (g * HIGH_BYTES) % 64 == 0:
+            prefetch(b, hb, (g * group_bytes + ahead) * HIGH_BYTES // group_bytes)
         wv = load_at(b, w, ir.Constant(I64, g * group_bytes), vec(I8, group_bytes))
         word = g * k_per_group * elem // 4  # the group's first word of activations
+        high = []  # per part: what a set fifth bit adds to its lanes
         if four_bit and first.int16:
             # nibble p of every word: the pair (k0 + 2p, k0 + 2p + 1); in place (times 16^p)
             # with planes, else shifted down and masked (the many-row kernels share it)
@@ -292,18 +340,28 @@ def accumulate_groups(
             for p in range(4):
                 if p == 3:
                     part = b.lshr(words, ir.Constant(vec(I16, 32), [12] * 32))
+                    high.append(16)
                 elif len(first.shifts) > 1:
                     part = b.and_(words, ir.Constant(vec(I16, 32), [15 << 4 * p] * 32))
+                    high.append(16 << 4 * p)
                 else:
                     shifted = b.lshr(words, ir.Constant(vec(I16, 32), [4 * p] * 32)) if p else words
                     part = b.and_(shifted, ir.Constant(vec(I16, 32), [15] * 32))
+                    high.append(16)
                 parts.append((part, word + p, p))
         elif four_bit:
             mask = ir.Constant(vec(I8, group_bytes), [15] * group_bytes)
             shift = ir.Constant(vec(I8, group_bytes), [4] * group_bytes)
             parts = [(b.and_(wv, mask), word, 0), (b.lshr(wv, shift), word + 1, 0)]
+            high = [16, 16]
         else:
             parts = [(wv, word, 0)]
+        if hb is not None:
+            at = g * HIGH_BYTES
+            for i, (part, x_word, plane) in enumerate(parts):
+                wide = first.isa == Isa.AVX512_VNNI
+                parts[i] = (with_high(b, part, hb, at, high[i], wide), x_word, plane)
+                at += part.type.count // 8
         for part, x_word, plane in parts:
             x_off = b.mul(stride, ir.Constant(I64, x_word))
             for em, x in rows:

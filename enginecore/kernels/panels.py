@@ -1,12 +1,13 @@
 """The panel format of quantized weights, and its integer-mode matmul.
 
-`fmt` is one matrix's panels: (lanes, d, dm, isc, imn, four_bit, off, sub, sps, has_min).
+`fmt` is one matrix's panels: (lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min).
 
 Every GGUF type is decoded at load into one kernel format (enginecore/loader/gguf_types.py):
 small unsigned integers `v` with a per-type offset, in 16-row panels (layout: kernels/dot.py;
 `lanes` is a panel's bytes viewed as one uint32 (4 bytes per row, int8 activations and exact
 mode) or uint16 (int16 activations: 2 bytes per row, or two words with 4-bit weights) per
-row and group), and per row:
+row and group; 5-bit values: 4-bit lanes and their fifth bits in hb, HIGH_BYTES per group), and
+per row:
 
   d  (P, n_super, 16) uint16: fp16 bits of the super-block scale
   dm (P, n_super, 16) uint16: fp16 bits of the super-block minimum (n_super = 0: none)
@@ -27,17 +28,20 @@ kernels/dequant.py.
 import numpy as np
 from numba import njit, prange
 
-from enginecore.kernels.dot import ACT_ROWS
+from enginecore.kernels.dot import ACT_ROWS, HIGH_BYTES
 from enginecore.kernels.f16 import f16_bits_to_f32
 from enginecore.kernels.simd import (
     ROWS,
     WIDE,
     fma32,
     panel_row_4,
+    panel_row_5,
     panel_row_8,
     panel_rows_4,
+    panel_rows_5,
     panel_rows_8,
     panel_wide_4,
+    panel_wide_5,
     panel_wide_8,
 )
 
@@ -190,7 +194,17 @@ def group_values(lanes, four_bit):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _portable_sums(lanes, p, g0, n_groups, four_bit, xq, t, k0, s16):
+def high_bit(hb, p, g, part, lane, part_lanes):
+    # 16 if the fifth bit of lane `lane` of part `part` of group g of panel p is set
+    # (kernels/dot.py's 5-bit layout), 0 if not or hb holds none (other widths)
+    if hb.shape[1] == 0:
+        return 0
+    i = part * part_lanes + lane
+    return 16 * ((np.int64(hb[p, g * HIGH_BYTES + i // 8]) >> (i % 8)) & 1)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _portable_sums(lanes, hb, p, g0, n_groups, four_bit, xq, t, k0, s16):
     # s16 (16,) int32 = the panel's integer sums over groups g0.. against xq[t, k0..]
     il = lanes.itemsize
     per_group = group_values(lanes, four_bit)
@@ -204,21 +218,24 @@ def _portable_sums(lanes, p, g0, n_groups, four_bit, xq, t, k0, s16):
                 for e in range(2):
                     w = np.int64(lanes[p, (g0 + g) * 2 * LANES + 2 * r + e])
                     for q in range(4):
-                        s += ((w >> (4 * q)) & 15) * xq[act_index(xq, t, kg + 2 * q + e)]
+                        v = ((w >> (4 * q)) & 15) + high_bit(hb, p, g0 + g, q, 2 * r + e, 32)
+                        s += v * xq[act_index(xq, t, kg + 2 * q + e)]
                 s16[r] += s
                 continue
             w = np.int64(lanes[p, (g0 + g) * LANES + r])
             for b in range(il):
                 if four_bit:
-                    s += ((w >> (8 * b)) & 15) * xq[act_index(xq, t, kg + b)]
-                    s += ((w >> (8 * b + 4)) & 15) * xq[act_index(xq, t, kg + il + b)]
+                    lo = ((w >> (8 * b)) & 15) + high_bit(hb, p, g0 + g, 0, il * r + b, 64)
+                    hi = ((w >> (8 * b + 4)) & 15) + high_bit(hb, p, g0 + g, 1, il * r + b, 64)
+                    s += lo * xq[act_index(xq, t, kg + b)]
+                    s += hi * xq[act_index(xq, t, kg + il + b)]
                 else:
                     s += ((w >> (8 * b)) & 255) * xq[act_index(xq, t, kg + b)]
             s16[r] += s
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _portable_row(lanes, p, four_bit, off, sub, sc, mn, xq, xa, xb, t, s16, psum, acc):
+def _portable_row(lanes, hb, p, four_bit, off, sub, sc, mn, xq, xa, xb, t, s16, psum, acc):
     # acc (16,) = panel p's rows times activation row t, in panel_row's order of operations
     # (kernels/simd.py's docstring): per sub-block P = a * S (then P = fma(a, S, P) for each
     # further activation block inside it), tmp = fma(c, xb, sc * P) (c = fma(-off, sc, mn),
@@ -233,8 +250,8 @@ def _portable_row(lanes, p, four_bit, off, sub, sc, mn, xq, xa, xb, t, s16, psum
     for j in range(sc.shape[0]):
         for h in range(pieces):
             k0 = j * sub + h * plen
-            _portable_sums(lanes, p, k0 // per_group, plen // per_group, four_bit, xq, t, k0,
-                           s16)  # fmt: skip
+            _portable_sums(lanes, hb, p, k0 // per_group, plen // per_group, four_bit, xq, t,
+                           k0, s16)  # fmt: skip
             a = xa[k0 // ab, t]
             for r in range(LANES):
                 fs = np.float32(s16[r])
@@ -246,16 +263,22 @@ def _portable_row(lanes, p, four_bit, off, sub, sc, mn, xq, xa, xb, t, s16, psum
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _panel_rows(rows, four_bit, args):
+def _panel_rows(rows, four_bit, five, args):
     # kernels/simd.py's kernel for `rows` (1, ROWS or WIDE) activation rows
-    if rows == WIDE and four_bit:
+    if rows == WIDE and five:
+        panel_wide_5(*args)
+    elif rows == WIDE and four_bit:
         panel_wide_4(*args)
     elif rows == WIDE:
         panel_wide_8(*args)
+    elif rows == ROWS and five:
+        panel_rows_5(*args)
     elif rows == ROWS and four_bit:
         panel_rows_4(*args)
     elif rows == ROWS:
         panel_rows_8(*args)
+    elif five:
+        panel_row_5(*args)
     elif four_bit:
         panel_row_4(*args)
     else:
@@ -268,11 +291,12 @@ def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
     # the sum over sub-blocks of sc * xa * S + c * xb (kernels/simd.py's docstring: its order
     # and roundings), S the exact int32 sum of v * xq over each activation block inside the
     # sub-block: kernels/simd.py's panel_row, or the same arithmetic in plain loops (isa 0)
-    lanes, d, dm, isc, imn, four_bit, off, sub, sps, has_min = fmt
+    lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min = fmt
     n, K = xq.shape
     P = lanes.shape[0]
     n_sub = K // sub
     panel_bytes = lanes.shape[1] * lanes.itemsize
+    five = hb.shape[1] > 0
     step = -(-P // parts)
     for part in prange(parts):
         s16 = np.empty(LANES, np.int32)
@@ -291,14 +315,14 @@ def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
                 elif isa != 0 and t + ROWS <= n:
                     rows = ROWS
                 if isa == 0:
-                    _portable_row(lanes, p, four_bit, off, sub, sc, mn, xq, xa, xb, t, s16, psum,
-                                  acc)  # fmt: skip
+                    _portable_row(lanes, hb, p, four_bit, off, sub, sc, mn, xq, xa, xb, t, s16,
+                                  psum, acc)  # fmt: skip
                 else:
                     x_off, group = act_row(xq, t)
-                    args = (isa, lanes, p * panel_bytes, xq, x_off, 4 * group, xa, t, xb, t, d, dm, isc,
-                            imn, p * d.shape[1] * LANES, p * isc.shape[1] * LANES, sps, has_min,
-                            n_sub, sub, off, acc)  # fmt: skip
-                    _panel_rows(rows, four_bit, args)
+                    args = (isa, lanes, p * panel_bytes, hb, p * hb.shape[1], xq, x_off, 4 * group,
+                            xa, t, xb, t, d, dm, isc, imn, p * d.shape[1] * LANES,
+                            p * isc.shape[1] * LANES, sps, has_min, n_sub, sub, off, acc)  # fmt: skip
+                    _panel_rows(rows, four_bit, five, args)
                 for i in range(rows):
                     for r in range(min(LANES, n_rows - p * LANES)):
                         out[t + i, col0 + p * LANES + r] = acc[i * LANES + r]

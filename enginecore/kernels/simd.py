@@ -25,6 +25,7 @@ from numba.extending import intrinsic
 
 from enginecore.kernels.dot import (
     ACT_ROWS,
+    HIGH_BYTES,
     I8,
     I16,
     I32,
@@ -33,6 +34,7 @@ from enginecore.kernels.dot import (
     Emitter,
     Isa,
     accumulate_groups,
+    five_bit_bytes,
     group_layout,
     load_at,
     supported,
@@ -91,8 +93,9 @@ def _scale16(b: ir.IRBuilder, f16s: ir.Value, ints: ir.Value, scaled: ir.Value) 
 
 
 def _emit_rows(
-    b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool, rows: int, r: dict[str, ir.Value]
-) -> None:
+    b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool, rows: int, r: dict[str, ir.Value],
+    five: bool,
+) -> None:  # fmt: skip
     """out[16 t : 16 t + 16] for `rows` consecutive activation rows t: the sums over
     sub-blocks of the module docstring, in its order per lane. The rows share each weight
     load and scale.
@@ -104,22 +107,24 @@ def _emit_rows(
     for sub in (16, 32):
         with b.if_then(b.icmp_unsigned("==", r["sub"], ir.Constant(I64, sub))):
             if rows == ACT_ROWS:
-                _emit_sub_rows(b, isa, int16, four_bit, rows, sub, ir.Constant(I64, 4 * rows), r)
+                _emit_sub_rows(b, isa, int16, four_bit, rows, sub, ir.Constant(I64, 4 * rows), r,
+                               five)  # fmt: skip
                 continue
             if rows > 1:
-                _emit_sub_rows(b, isa, int16, four_bit, rows, sub, r["x_stride"], r)
+                _emit_sub_rows(b, isa, int16, four_bit, rows, sub, r["x_stride"], r, five)
                 continue
             alone = b.icmp_unsigned("==", r["x_stride"], ir.Constant(I64, 4))
             with b.if_else(alone) as (then, otherwise):
                 with then:
-                    _emit_sub_rows(b, isa, int16, four_bit, rows, sub, ir.Constant(I64, 4), r)
+                    _emit_sub_rows(b, isa, int16, four_bit, rows, sub, ir.Constant(I64, 4), r,
+                                   five)  # fmt: skip
                 with otherwise:
-                    _emit_sub_rows(b, isa, int16, four_bit, rows, sub, r["x_stride"], r)
+                    _emit_sub_rows(b, isa, int16, four_bit, rows, sub, r["x_stride"], r, five)
 
 
 def _emit_sub_rows(
     b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool, rows: int, sub: int,
-    stride: ir.Value, r: dict[str, ir.Value],
+    stride: ir.Value, r: dict[str, ir.Value], five: bool,
 ) -> None:  # fmt: skip
     # independent accumulator chains hide the multiply-add latency: for one activation row 4
     # of the 32 zmm registers (2 of the 16 ymm on the 256-bit paths); several rows give as
@@ -173,8 +178,12 @@ def _emit_sub_rows(
                 # the rows' activations from k0 (word k0 * elem / 4): constant offsets
                 x0 = b.gep(r["x"], [b.mul(b.udiv(k0, ir.Constant(I64, 4 // elem)), stride)])
                 xs = [b.gep(x0, [ir.Constant(I64, 4 * t)]) for t in range(rows)]
+                hb = None
+                if five:  # the fifth bits of the same groups
+                    hb = b.gep(r["hb"], [b.add(b.mul(j, ir.Constant(I64, gpsub * HIGH_BYTES)),
+                                               ir.Constant(I64, h * gpp * HIGH_BYTES))])  # fmt: skip
                 accumulate_groups(b, list(zip(ems, xs, strict=True)), four_bit, w, gpp, stride,
-                                  ahead)  # fmt: skip
+                                  ahead, hb)  # fmt: skip
                 # the rows' scales: one column of xa, its rows at constant offsets
                 xa = b.gep(r["xa"], [b.mul(b.udiv(k0, ir.Constant(I64, ab)), n_act)])
                 for t, em in enumerate(ems):
@@ -194,9 +203,10 @@ def _emit_sub_rows(
         b.store(b.load(acc), out, align=4)
 
 
-def _emit_exact_row(b: ir.IRBuilder, four_bit: bool, r: dict[str, ir.Value]) -> None:
+def _emit_exact_row(b: ir.IRBuilder, four_bit: bool, r: dict[str, ir.Value], five: bool) -> None:
     """Exact mode (fp32 activations, 4 bytes per row and group): out[0:16] = sum over
-    sub-blocks of sc * sum_k (v_k - off) x_k (+ mn * xs), fused multiply-adds allowed."""
+    sub-blocks of sc * sum_k (v_k - off) x_k (+ mn * xs), fused multiply-adds allowed; 5-bit
+    values with their fifth bits from hb (kernels/dot.py)."""
     v16 = vec(F32, 16)
     acc = cgutils.alloca_once_value(b, ir.Constant(v16, None))  # type: ignore[no-untyped-call]
     s = cgutils.alloca_once_value(b, ir.Constant(v16, None))  # type: ignore[no-untyped-call]
@@ -217,7 +227,17 @@ def _emit_exact_row(b: ir.IRBuilder, four_bit: bool, r: dict[str, ir.Value]) -> 
             g = b.add(b.mul(j, gpsub), inner.index)
             wv = load_at(b, r["w"], b.mul(g, ir.Constant(I64, 64)), vec(I32, 16))
             k0 = b.mul(g, ir.Constant(I64, per_group))
+            if five:
+                fives = five_bit_bytes(
+                    b, wv, b.gep(r["hb"], [b.mul(g, ir.Constant(I64, HIGH_BYTES))])
+                )
             for bb in range(4):
+                if five:
+                    for q in range(2):
+                        shifted = b.lshr(fives[q], ir.Constant(vec(I32, 16), [8 * bb] * 16))
+                        value = b.and_(shifted, ir.Constant(vec(I32, 16), [31] * 16))
+                        add(value, b.add(k0, ir.Constant(I64, 4 * q + bb)))
+                    continue
                 shifted = b.lshr(wv, ir.Constant(vec(I32, 16), [8 * bb] * 16))
                 mask = ir.Constant(vec(I32, 16), [15 if four_bit else 255] * 16)
                 add(b.and_(shifted, mask), b.add(k0, ir.Constant(I64, bb)))
@@ -241,11 +261,11 @@ def _data(context: Any, builder: ir.IRBuilder, ty: types.Array, value: ir.Value)
     return builder.bitcast(context.make_array(ty)(context, builder, value).data, I8.as_pointer())
 
 
-def _panel_row(four_bit: bool, rows: int) -> Any:
-    def typer(typingctx: Any, isa: Any, lanes: Any, w_off: Any, xq: Any, x_off: Any,
-              x_stride: Any, xa: Any, xa_off: Any, xb: Any, xb_off: Any, d: Any, dm: Any,
-              isc: Any, imn: Any, s_off: Any, sub_off: Any, sps: Any, has_min: Any, n_sub: Any,
-              sub: Any, off: Any, out: Any) -> Any:  # fmt: skip
+def _panel_row(four_bit: bool, rows: int, five: bool = False) -> Any:
+    def typer(typingctx: Any, isa: Any, lanes: Any, w_off: Any, hb: Any, h_off: Any, xq: Any,
+              x_off: Any, x_stride: Any, xa: Any, xa_off: Any, xb: Any, xb_off: Any, d: Any,
+              dm: Any, isc: Any, imn: Any, s_off: Any, sub_off: Any, sps: Any, has_min: Any,
+              n_sub: Any, sub: Any, off: Any, out: Any) -> Any:  # fmt: skip
         if not (
             isinstance(xq, types.Array) and xq.dtype in (types.int8, types.int16, types.float32)
         ):
@@ -253,14 +273,15 @@ def _panel_row(four_bit: bool, rows: int) -> Any:
         int16 = xq.dtype == types.int16
         exact = xq.dtype == types.float32
         elem = 4 if exact else (2 if int16 else 1)
-        argtys = (isa, lanes, w_off, xq, x_off, x_stride, xa, xa_off, xb, xb_off, d, dm, isc, imn,
-                  s_off, sub_off, sps, has_min, n_sub, sub, off, out)  # fmt: skip
+        argtys = (isa, lanes, w_off, hb, h_off, xq, x_off, x_stride, xa, xa_off, xb, xb_off, d,
+                  dm, isc, imn, s_off, sub_off, sps, has_min, n_sub, sub, off, out)  # fmt: skip
         sig = types.void(*argtys)
 
         def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-            v = dict(zip(("isa", "lanes", "w_off", "xq", "x_off", "x_stride", "xa", "xa_off", "xb",
-                          "xb_off", "d", "dm", "isc", "imn", "s_off", "sub_off", "sps",
-                          "has_min", "n_sub", "sub", "off", "out"), args, strict=True))  # fmt: skip
+            v = dict(zip(("isa", "lanes", "w_off", "hb", "h_off", "xq", "x_off", "x_stride",
+                          "xa", "xa_off", "xb", "xb_off", "d", "dm", "isc", "imn", "s_off",
+                          "sub_off", "sps", "has_min", "n_sub", "sub", "off", "out"), args,
+                         strict=True))  # fmt: skip
             ty = dict(zip(v, sig.args, strict=True))
 
             def i64(name: str) -> ir.Value:
@@ -272,7 +293,7 @@ def _panel_row(four_bit: bool, rows: int) -> Any:
                 return p if offset is None else builder.gep(p, [i64(offset)])
 
             row = {
-                "w": data("lanes", I8, "w_off"),
+                "w": data("lanes", I8, "w_off"), "hb": data("hb", I8, "h_off"),
                 "x": data("xq", F32, "x_off") if exact else builder.gep(data("xq", I8, None), [builder.mul(i64("x_off"), ir.Constant(I64, elem))]),
                 "xa": data("xa", F32, "xa_off"), "xb": data("xb", F32, "xb_off"),
                 "d": data("d", I16, "s_off"), "dm": data("dm", I16, "s_off"),
@@ -283,13 +304,13 @@ def _panel_row(four_bit: bool, rows: int) -> Any:
                 "n_act": builder.extract_value(context.make_array(ty["xa"])(context, builder, v["xa"]).shape, 1),
             }  # fmt: skip
             if exact:
-                _emit_exact_row(builder, four_bit, row)
+                _emit_exact_row(builder, four_bit, row, five)
                 return context.get_dummy_value()
             isa64 = i64("isa")
             for path in supported()[1:]:  # only what this host runs is ever emitted
                 hit = builder.icmp_signed("==", isa64, ir.Constant(I64, int(path)))
                 with builder.if_then(hit):
-                    _emit_rows(builder, path, int16, four_bit, rows, row)
+                    _emit_rows(builder, path, int16, four_bit, rows, row, five)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -297,22 +318,26 @@ def _panel_row(four_bit: bool, rows: int) -> Any:
     return intrinsic(typer)
 
 
-# panel_row_4 / panel_row_8(isa, lanes, w_off, xq, x_off, x_stride, xa, xa_off, xb, xb_off, d,
-# dm, isc, imn, s_off, sub_off, sps, has_min, n_sub, sub, off, out): out[0:16] float32 = one
-# panel's 16 rows (from byte w_off of lanes' data; scales from element s_off of d / dm and
+# panel_row_4 / panel_row_8(isa, lanes, w_off, hb, h_off, xq, x_off, x_stride, xa, xa_off, xb,
+# xb_off, d, dm, isc, imn, s_off, sub_off, sps, has_min, n_sub, sub, off, out): out[0:16] float32
+# = one panel's 16 rows (from byte w_off of lanes' data; scales from element s_off of d / dm and
 # sub_off of isc / imn) times one quantized activation row (its first word at flat element
 # x_off of xq, its next words x_stride bytes apart: kernels/dot.py's ACT_ROWS; its scales xa
 # (K // act_block, n) and sums xb (K // 16 + K // 32, n) from column xa_off = xb_off, the row's
 # index); isa is an Isa other than PORTABLE that this host supports (any other value leaves
 # out untouched). With float32 xq (exact mode), xq's row is contiguous from x_off, xa
 # (n, K // sub) holds its sums per sub-block from flat element xa_off, and x_stride, xb and
-# isa are unused.
+# isa are unused. panel_row_5: 5-bit values, lanes as panel_row_4's and their fifth bits from
+# byte h_off of hb's data (kernels/dot.py); the others never read hb.
 panel_row_4 = _panel_row(True, 1)
+panel_row_5 = _panel_row(True, 1, five=True)
 panel_row_8 = _panel_row(False, 1)
 # the same for ROWS (WIDE) consecutive activation rows of one group (x_off the first's; out[16 t:]
 # for row t); WIDE's are always a full group (x_stride 4 * ACT_ROWS)
 ROWS, WIDE = 4, ACT_ROWS
 panel_rows_4 = _panel_row(True, ROWS)
+panel_rows_5 = _panel_row(True, ROWS, five=True)
 panel_rows_8 = _panel_row(False, ROWS)
 panel_wide_4 = _panel_row(True, WIDE)
+panel_wide_5 = _panel_row(True, WIDE, five=True)
 panel_wide_8 = _panel_row(False, WIDE)

@@ -47,38 +47,38 @@ def _rows(blocks: U8) -> tuple[int, int]:
 
 
 def _legacy(
-    blocks: U8, v: U8, off: int, minimum: bool, four_bit: bool
+    blocks: U8, v: U8, off: int, minimum: bool, bits: int
 ) -> Decoded:  # 32-value blocks, fp16 d (and m) first
     n, nb = _rows(blocks)
     d = _f16(blocks[:, :, 0:2])
     dm = _f16(blocks[:, :, 2:4]) if minimum else None
-    return Decoded(v.reshape(n, nb * 32), off, 32, 1, four_bit, d, dm, None, None)
+    return Decoded(v.reshape(n, nb * 32), off, 32, 1, bits, d, dm, None, None)
 
 
 def q4_0(b: U8) -> Decoded:
-    return _legacy(b, _nibbles(b[:, :, 2:18]), 8, False, True)
+    return _legacy(b, _nibbles(b[:, :, 2:18]), 8, False, 4)
 
 
 def q4_1(b: U8) -> Decoded:
-    return _legacy(b, _nibbles(b[:, :, 4:20]), 0, True, True)
+    return _legacy(b, _nibbles(b[:, :, 4:20]), 0, True, 4)
 
 
 def q5_0(b: U8) -> Decoded:
-    return _legacy(b, _nibbles(b[:, :, 6:22]) | (_bits(b[:, :, 2:6], 32) << 4), 16, False, False)
+    return _legacy(b, _nibbles(b[:, :, 6:22]) | (_bits(b[:, :, 2:6], 32) << 4), 16, False, 5)
 
 
 def q5_1(b: U8) -> Decoded:
-    return _legacy(b, _nibbles(b[:, :, 8:24]) | (_bits(b[:, :, 4:8], 32) << 4), 0, True, False)
+    return _legacy(b, _nibbles(b[:, :, 8:24]) | (_bits(b[:, :, 4:8], 32) << 4), 0, True, 5)
 
 
 def q8_0(b: U8) -> Decoded:
     v = (b[:, :, 2:34].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-    return _legacy(b, v, 128, False, False)
+    return _legacy(b, v, 128, False, 8)
 
 
 def iq4_nl(b: U8) -> Decoded:
     v = (IQ4_VALUES[_nibbles(b[:, :, 2:18])] + 128).astype(np.uint8)
-    return _legacy(b, v, 128, False, False)
+    return _legacy(b, v, 128, False, 8)
 
 
 def _k_scales_mins(s: U8) -> tuple[U8, U8]:
@@ -90,12 +90,12 @@ def _k_scales_mins(s: U8) -> tuple[U8, U8]:
 
 
 def _k(
-    v: U8, off: int, sub: int, four_bit: bool, d: U8, isc: U8,
+    v: U8, off: int, sub: int, bits: int, d: U8, isc: U8,
     dmin: U8 | None = None, imn: U8 | None = None,
 ) -> Decoded:  # fmt: skip
     n, nb = v.shape[0], v.shape[1]
     return Decoded(
-        np.ascontiguousarray(v.reshape(n, nb * QK_K)), off, sub, QK_K // sub, four_bit, _f16(d),
+        np.ascontiguousarray(v.reshape(n, nb * QK_K)), off, sub, QK_K // sub, bits, _f16(d),
         None if dmin is None else _neg_f16(_f16(dmin)),
         isc.reshape(n, -1).astype(np.int8),
         None if imn is None else imn.reshape(n, -1).astype(np.int8),
@@ -106,7 +106,7 @@ def q2_k(b: U8) -> Decoded:
     n, nb = _rows(b)
     scales, qs = b[:, :, 0:16], b[:, :, 16:80].reshape(n, nb, 2, 1, 32)
     v = (qs >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 3  # (n, nb, 2, 4, 32)
-    return _k(v, 0, 16, True, b[:, :, 80:82], scales & 15, b[:, :, 82:84], scales >> 4)
+    return _k(v, 0, 16, 4, b[:, :, 80:82], scales & 15, b[:, :, 82:84], scales >> 4)
 
 
 def q3_k(b: U8) -> Decoded:
@@ -117,7 +117,7 @@ def q3_k(b: U8) -> Decoded:
     lsc = np.concatenate([s[..., 0:8] & 15, s[..., 0:8] >> 4], axis=-1)
     hsc = (s[..., 8:12, None] >> np.array([0, 2, 4, 6], np.uint8)) & 3  # (n, nb, 4 bytes, 4)
     sc = lsc | (hsc.swapaxes(-1, -2).reshape(n, nb, 16) << 4)
-    return _k(low | (high << 2), 4, 16, True, b[:, :, 108:110], sc.astype(np.int16) - 32)
+    return _k(low | (high << 2), 4, 16, 4, b[:, :, 108:110], sc.astype(np.int16) - 32)
 
 
 def q4_k(b: U8) -> Decoded:
@@ -125,7 +125,7 @@ def q4_k(b: U8) -> Decoded:
     sc, mn = _k_scales_mins(b[:, :, 4:16])
     qs = b[:, :, 16:144].reshape(n, nb, 4, 32)
     v = np.stack([qs & 15, qs >> 4], axis=3)  # (n, nb, 4, 2, 32)
-    return _k(v, 0, 32, True, b[:, :, 0:2], sc, b[:, :, 2:4], mn)
+    return _k(v, 0, 32, 4, b[:, :, 0:2], sc, b[:, :, 2:4], mn)
 
 
 def q5_k(b: U8) -> Decoded:
@@ -134,7 +134,7 @@ def q5_k(b: U8) -> Decoded:
     qh, qs = b[:, :, 16:48], b[:, :, 48:176].reshape(n, nb, 4, 32)
     low = np.stack([qs & 15, qs >> 4], axis=3).reshape(n, nb, 8, 32)
     high = (qh[:, :, None, :] >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1
-    return _k(low | (high << 4), 0, 32, False, b[:, :, 0:2], sc, b[:, :, 2:4], mn)
+    return _k(low | (high << 4), 0, 32, 5, b[:, :, 0:2], sc, b[:, :, 2:4], mn)
 
 
 def q6_k(b: U8) -> Decoded:
@@ -142,7 +142,7 @@ def q6_k(b: U8) -> Decoded:
     ql, qh = b[:, :, 0:128].reshape(n, nb, 2, 64), b[:, :, 128:192].reshape(n, nb, 2, 32)
     low = np.stack([ql & 15, ql >> 4], axis=3).reshape(n, nb, 2, 4, 32)
     high = (qh[:, :, :, None, :] >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 3
-    return _k(low | (high << 4), 32, 16, False, b[:, :, 208:210], b[:, :, 192:208].view(np.int8))
+    return _k(low | (high << 4), 32, 16, 8, b[:, :, 208:210], b[:, :, 192:208].view(np.int8))
 
 
 def iq4_xs(b: U8) -> Decoded:
@@ -154,7 +154,7 @@ def iq4_xs(b: U8) -> Decoded:
     ls = low.astype(np.int16) | (high.astype(np.int16) << 4)
     qs = b[:, :, 8:136].reshape(n, nb, 8, 16)
     v = (IQ4_VALUES[np.concatenate([qs & 15, qs >> 4], axis=-1)] + 128).astype(np.uint8)
-    return _k(v, 128, 32, False, b[:, :, 0:2], ls - 32)
+    return _k(v, 128, 32, 8, b[:, :, 0:2], ls - 32)
 
 
 DECODERS: dict[Q, Callable[[U8], Decoded]] = {

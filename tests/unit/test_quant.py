@@ -19,6 +19,7 @@ from tests.fixtures.quant_blocks import FP16_FIELDS, random_blocks
 Q = gguf.GGMLQuantizationType
 TYPES = sorted(FP16_FIELDS, key=lambda t: t.name)
 RNG = np.random.default_rng(11)
+FIVE_BIT = {Q.Q5_0, Q.Q5_1, Q.Q5_K}
 ROWS, COLS = 37, 512  # a part-filled last panel; two K-quant super-blocks
 
 
@@ -41,7 +42,7 @@ def test_every_type_of_the_issue_is_decoded() -> None:
 def test_decoding_is_bit_exact_against_gguf(qtype: Q) -> None:
     raw, want = blocks(qtype)
     dec = gguf_types.decode(qtype, raw)
-    assert dec.four_bit == (int(dec.v.max()) < 16) or not dec.four_bit
+    assert int(dec.v.max()) < 2**dec.bits and (dec.bits == 5) == (qtype in FIVE_BIT)
     np.testing.assert_array_equal(bits(gguf_types.dequantize(dec)), bits(want))
 
 
@@ -215,20 +216,41 @@ def test_portable_sums_match_numpy_integers(qtype: Q) -> None:
             np.int16 if numerics == Numerics.INT16 else np.int8
         )
         s16 = np.empty(16, np.int32)
-        groups = 32 // panels.group_values(m.lanes, dec.four_bit)
-        panels._portable_sums(m.lanes, 0, 0, groups, dec.four_bit, xq, 0, 0, s16)
+        groups = 32 // panels.group_values(m.lanes, m.four_bit)
+        panels._portable_sums(m.lanes, m.hb, 0, 0, groups, m.four_bit, xq, 0, 0, s16)
         np.testing.assert_array_equal(s16, dec.v[:, :32].astype(np.int64) @ xq[0, :32])
 
 
+@pytest.mark.parametrize("numerics", list(Numerics))
+@pytest.mark.parametrize("qtype", sorted(FIVE_BIT, key=lambda t: t.name), ids=lambda t: t.name)
+def test_five_bit_types_keep_five_bits_a_value(qtype: Q, numerics: Numerics) -> None:
+    # 4-bit lanes and a plane of fifth bits: 5/8 of the 8-bit panel's value bytes
+    dec = gguf_types.decode(qtype, blocks(qtype)[0])
+    m = PackedMatrix.pack(qtype.name, dec, numerics)
+    eight = PackedMatrix.pack(qtype.name, dec._replace(bits=8), numerics)
+    assert m.four_bit and m.hb.nbytes > 0 and eight.hb.nbytes == 0
+    assert m.lanes.nbytes + m.hb.nbytes == eight.lanes.nbytes * 5 // 8
+    x = RNG.standard_normal((3, COLS)).astype(np.float32)
+    got, want = np.empty((3, ROWS), np.float32), np.empty((3, ROWS), np.float32)
+    m.matmul(x, got)
+    eight.matmul(x, want)
+    if numerics == Numerics.EXACT:  # fp32 sums, in another order of k
+        close(got, want, 1e-6)
+    else:  # exact integer sums: the same bits
+        np.testing.assert_array_equal(bits(got), bits(want))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q5_0], ids=lambda t: t.name)
 @pytest.mark.parametrize("sign", [1, -1])
 def test_int16_nibble_planes_hold_the_largest_sums(
-    sign: int, monkeypatch: pytest.MonkeyPatch
+    sign: int, qtype: Q, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # every nibble 15 times full-scale activations: the largest int32 sums the 4-bit int16
-    # kernels form (nibble 2 of a word is multiplied in place, times 256), on every path
-    dec = gguf_types.decode(Q.Q4_0, blocks(Q.Q4_0, 16, 256)[0])
-    dec.v[:] = 15
-    m = PackedMatrix.pack("Q4_0", dec, Numerics.INT16)
+    # every value the largest (15, or 31 for 5 bits) times full-scale activations: the largest
+    # int32 sums the 4- and 5-bit int16 kernels form (nibble 2 of a word is multiplied in place,
+    # times 256, its fifth bit with it: 31 * 256 * 32767 * 8 < 2^31), on every path
+    dec = gguf_types.decode(qtype, blocks(qtype, 16, 256)[0])
+    dec.v[:] = 2**dec.bits - 1
+    m = PackedMatrix.pack(qtype.name, dec, Numerics.INT16)
     x = np.full((1, 256), sign * 3.0, np.float32)
     a = weights.quantize(x, Numerics.INT16)
     assert (np.abs(a.xq) == 32767).all()
