@@ -8,7 +8,6 @@ weight is sc * (v - off) + mn exactly as gguf.quants.dequantize computes it
 (kernels/panels.py has the format), in a tile as in an embedding lookup, bit for bit.
 """
 
-import itertools
 from typing import Any
 
 import numpy as np
@@ -18,7 +17,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from enginecore.kernels import gemm
-from enginecore.kernels.dot import HIGH_BYTES, I8, I16, I32, I64, five_bit_bytes, vec
+from enginecore.kernels.dot import HIGH_BYTES, I8, I16, I32, I64, lane_values, vec
 from enginecore.kernels.panels import LANES, group_values, high_bit, sub_scales
 from enginecore.kernels.simd import panel_row_4, panel_row_5, panel_row_8
 
@@ -107,7 +106,6 @@ def _emit_tile(b: ir.IRBuilder, four_bit: bool, has_min: bool, scaled: bool,
         b.insert_element(ir.Constant(V16, ir.Undefined), off, ir.Constant(I32, 0)),
         ir.Constant(V16, ir.Undefined), ir.Constant(vec(I32, 16), [0] * 16),
     )  # fmt: skip
-    mask = ir.Constant(vec(I32, 16), [15 if four_bit else 255] * 16)
     row_bytes = b.mul(r["ld"], ir.Constant(I64, 4))
     with cgutils.for_range(b, r["n_sub"]) as loop:
         j = loop.index
@@ -125,19 +123,9 @@ def _emit_tile(b: ir.IRBuilder, four_bit: bool, has_min: bool, scaled: bool,
                 dst = b.gep(r["tile"], [b.mul(b.add(k0, ir.Constant(I64, k)), row_bytes)])
                 b.store(w, b.bitcast(dst, V16.as_pointer()), align=4)
 
-            if five:
-                hb = b.gep(r["hb"], [b.mul(g, ir.Constant(I64, HIGH_BYTES))])
-                fives = five_bit_bytes(b, lanes, hb)
-                for q, byte in itertools.product(range(2), range(4)):
-                    shifted = b.lshr(fives[q], ir.Constant(vec(I32, 16), [8 * byte] * 16))
-                    put(b.and_(shifted, ir.Constant(vec(I32, 16), [31] * 16)), 4 * q + byte)
-            else:
-                for byte in range(4):
-                    shifted = b.lshr(lanes, ir.Constant(vec(I32, 16), [8 * byte] * 16))
-                    put(b.and_(shifted, mask), byte)
-                    if four_bit:
-                        high = b.lshr(shifted, ir.Constant(vec(I32, 16), [4] * 16))
-                        put(b.and_(high, mask), 4 + byte)
+            hb = b.gep(r["hb"], [b.mul(g, ir.Constant(I64, HIGH_BYTES))]) if five else None
+            for dk, values in lane_values(b, lanes, four_bit, hb):
+                put(values, dk)
 
 
 def _panel_to_tile(four_bit: bool, five: bool = False) -> Any:
@@ -169,8 +157,8 @@ def _panel_to_tile(four_bit: bool, five: bool = False) -> Any:
             ld = builder.udiv(cgutils.unpack_tuple(builder, t.strides)[0], ir.Constant(I64, 4))  # type: ignore[no-untyped-call]
             first = builder.gep(builder.bitcast(t.data, I8.as_pointer()),
                                 [builder.mul(i64("c0"), ir.Constant(I64, 4))])  # fmt: skip
-            r = {"w": panel("lanes"), "hb": panel("hb"), "d": panel("d"), "dm": panel("dm"), "isc": panel("isc"),
-                 "imn": panel("imn"), "sps": i64("sps"), "off": i64("off"), "sub": i64("sub"),
+            r = {"w": panel("lanes"), "hb": panel("hb"), "d": panel("d"), "dm": panel("dm"),
+                 "isc": panel("isc"), "imn": panel("imn"), "sps": i64("sps"), "off": i64("off"), "sub": i64("sub"),
                  "n_sub": builder.udiv(rows, i64("sub")), "ld": ld, "tile": first}  # fmt: skip
             has_min = builder.icmp_unsigned("!=", v["has_min"], ir.Constant(v["has_min"].type, 0))
             scaled = builder.icmp_unsigned(">", r["sps"], ir.Constant(I64, 1))

@@ -297,7 +297,7 @@ def with_high(
     return b.asm(ty, op + " $2, $1, $0 {$3}", "=v,0,v,^Yk", [part, add, mask], False)
 
 
-def five_bit_bytes(b: ir.IRBuilder, lanes: ir.Value, hb: ir.Value) -> list[ir.Value]:
+def _five_bit_bytes(b: ir.IRBuilder, lanes: ir.Value, hb: ir.Value) -> list[ir.Value]:
     """A group of 5-bit values in the 4-byte lanes of int8 activations (and exact mode), lanes
     (<16 x i32>) and their fifth bits at hb: [low nibbles, high nibbles] with the bits added,
     each <16 x i32> whose byte b of lane r is row r's value k0 + b, resp. k0 + 4 + b."""
@@ -307,6 +307,30 @@ def five_bit_bytes(b: ir.IRBuilder, lanes: ir.Value, hb: ir.Value) -> list[ir.Va
         nib = b.lshr(lanes, ir.Constant(vec(I32, 16), [4] * 16)) if q else lanes
         nib = b.bitcast(b.and_(nib, nibbles), vec(I8, 64))
         out.append(b.bitcast(with_high(b, nib, hb, 8 * q, 16), vec(I32, 16)))
+    return out
+
+
+def lane_values(
+    b: ir.IRBuilder, lanes: ir.Value, four_bit: bool, hb: ir.Value | None = None
+) -> list[tuple[int, ir.Value]]:
+    """One group of 16 rows' values in the 4-byte lanes of int8 activations and exact mode
+    (lanes <16 x i32>; 5-bit ones' fifth bits at hb): (k - k0, <16 x i32> of each row's value
+    k) in the order bytes 0..3, each byte's low nibble before its high one (4- and 5-bit)."""
+
+    def c(x: int) -> ir.Constant:
+        return ir.Constant(vec(I32, 16), [x] * 16)
+
+    if hb is not None:
+        fives = _five_bit_bytes(b, lanes, hb)
+        return [(4 * q + byte, b.and_(b.lshr(fives[q], c(8 * byte)), c(31)))
+                for byte in range(4) for q in range(2)]  # fmt: skip
+    mask = c(15 if four_bit else 255)
+    out = []
+    for byte in range(4):
+        shifted = b.lshr(lanes, c(8 * byte))
+        out.append((byte, b.and_(shifted, mask)))
+        if four_bit:
+            out.append((4 + byte, b.and_(b.lshr(shifted, c(4)), mask)))
     return out
 
 

@@ -34,8 +34,8 @@ from enginecore.kernels.dot import (
     Emitter,
     Isa,
     accumulate_groups,
-    five_bit_bytes,
     group_layout,
+    lane_values,
     load_at,
     supported,
     vec,
@@ -227,23 +227,9 @@ def _emit_exact_row(b: ir.IRBuilder, four_bit: bool, r: dict[str, ir.Value], fiv
             g = b.add(b.mul(j, gpsub), inner.index)
             wv = load_at(b, r["w"], b.mul(g, ir.Constant(I64, 64)), vec(I32, 16))
             k0 = b.mul(g, ir.Constant(I64, per_group))
-            if five:
-                fives = five_bit_bytes(
-                    b, wv, b.gep(r["hb"], [b.mul(g, ir.Constant(I64, HIGH_BYTES))])
-                )
-            for bb in range(4):
-                if five:
-                    for q in range(2):
-                        shifted = b.lshr(fives[q], ir.Constant(vec(I32, 16), [8 * bb] * 16))
-                        value = b.and_(shifted, ir.Constant(vec(I32, 16), [31] * 16))
-                        add(value, b.add(k0, ir.Constant(I64, 4 * q + bb)))
-                    continue
-                shifted = b.lshr(wv, ir.Constant(vec(I32, 16), [8 * bb] * 16))
-                mask = ir.Constant(vec(I32, 16), [15 if four_bit else 255] * 16)
-                add(b.and_(shifted, mask), b.add(k0, ir.Constant(I64, bb)))
-                if four_bit:
-                    high = b.lshr(shifted, ir.Constant(vec(I32, 16), [4] * 16))
-                    add(b.and_(high, mask), b.add(k0, ir.Constant(I64, 4 + bb)))
+            hb = b.gep(r["hb"], [b.mul(g, ir.Constant(I64, HIGH_BYTES))]) if five else None
+            for dk, values in lane_values(b, wv, four_bit, hb):
+                add(values, b.add(k0, ir.Constant(I64, dk)))
         big_j = b.udiv(j, r["sps"])
         sc = _scale16(b, b.gep(r["d"], [b.mul(big_j, ir.Constant(I64, 16))]),
                       b.gep(r["isc"], [b.mul(j, ir.Constant(I64, 16))]), scaled)  # fmt: skip
