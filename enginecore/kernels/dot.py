@@ -96,10 +96,11 @@ def _dpwssd(b: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.Valu
     as one vpdpwssd (512-bit) with its broadcast from memory: `vpdpwssd (x){1to16}`.
 
     Inline assembly, because LLVM splits the intrinsic into vpmaddwd + vpaddd on the hosts it
-    tunes for (Ice Lake, Sapphire Rapids). The broadcast is part of the instruction: with
-    the pair broadcast into a register first (a vbroadcastss per multiply-add) the kernels of
-    4 to 64 activation rows took 1.2-1.4x the time on Zen 4 (bench.ab, same bits). The
-    activations are read through x without LLVM knowing: nothing in a kernel writes them."""
+    tunes for. The broadcast is part of the instruction: with the pair broadcast into a
+    register first (a vbroadcastss per multiply-add) decode steps of 4, 16 and 64 sequences
+    took 1.14x, 1.20x and 1.22x the time and a 512-token prefill 1.29x on Zen 4 (bench.ab
+    --base 5f7e7f9, same bits). The activations are read through x without LLVM knowing:
+    nothing in a kernel writes them."""
     ty = ir.FunctionType(acc.type, [acc.type, w.type, x.type])
     return b.asm(ty, "vpdpwssd ($3){1to16}, $2, $0", "=v,0,v,r", [acc, w, x], False)
 
@@ -187,17 +188,15 @@ class Emitter:
         b, isa = self.b, self.isa
         if self.int16 and w.type == vec(I8, 32):
             w = b.zext(w, vec(I16, 32))  # 8-bit weights widened to words
-        if isa == Isa.AVX512_VNNI:
-            acc = self.acc[0]
-            if self.int16:
-                r = _dpwssd(b, b.load(acc), w, b.gep(x, [x_off]))
-            else:
-                x32 = load_at(b, x, x_off, I32)
-                r = _call(b, "llvm.x86.avx512.vpdpbusd.512", vec(I32, 16), b.load(acc), w,
-                          _splat(b, x32, 16, vec(I8, 64)))  # fmt: skip
-            b.store(r, acc)
+        if isa == Isa.AVX512_VNNI and self.int16:  # the pair broadcast from memory
+            b.store(_dpwssd(b, b.load(self.acc[0]), w, b.gep(x, [x_off])), self.acc[0])
             return
         x32 = load_at(b, x, x_off, I32)
+        if isa == Isa.AVX512_VNNI:
+            r = _call(b, "llvm.x86.avx512.vpdpbusd.512", vec(I32, 16), b.load(self.acc[0]), w,
+                      _splat(b, x32, 16, vec(I8, 64)))  # fmt: skip
+            b.store(r, self.acc[0])
+            return
         n = 32 if self.int16 else 64  # elements of w
         halves = [_part8(b, w, h * n // 2, n // 2) for h in range(2)]
         for h, half in enumerate(halves):  # rows 0..7, rows 8..15
