@@ -38,7 +38,7 @@ from enginecore.kernels.attention_simd import (
     qk_tile,
 )
 from enginecore.kernels.f16 import kv_store
-from enginecore.kernels.ops import fast_exp
+from enginecore.kernels.ops import FAST, fast_exp, lane_sum
 
 # Query tokens per GEMM tile of the BLAS path: smaller tiles skip more of the causal upper
 # triangle (4 tiles of a 512-token chunk compute 62% of the full square) but make more calls.
@@ -85,7 +85,7 @@ def _fmax(a, b):
     return a if a > b else b
 
 
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy", inline="always")
 def _row_max(row):
     # max(row, -1e30) (not -inf: fastmath assumes finite values) as eight partial maxima: a
     # max is exact in any order, so this changes no bit, where one running max was a chain
@@ -103,7 +103,7 @@ def _row_max(row):
     return m
 
 
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy", inline="always")
 def _softmax_row(s, r, lo, lim, scale):
     # s[r, lo:lim] in place -> softmax(scale * s[r, lo:lim]). The loops index a view of the
     # span from 0: from a runtime first index numba cannot tell that an index is never
@@ -111,12 +111,9 @@ def _softmax_row(s, r, lo, lim, scale):
     # 64-row decode's attention took 15.2 ms for 30 layers this way, 9.3 ms from 0)
     row = s[r, lo:lim]
     m = _row_max(row)
-    total = np.float32(0.0)
     for p in range(row.shape[0]):
-        e = fast_exp((row[p] - m) * scale)
-        row[p] = e
-        total += e
-    inv = np.float32(1.0) / total
+        row[p] = fast_exp((row[p] - m) * scale)
+    inv = np.float32(1.0) / lane_sum(row, False)
     for p in range(row.shape[0]):
         row[p] *= inv
 
@@ -183,7 +180,7 @@ def _weighted_values(sf, s0, span, vf, table, lo, ctx, n_kv, group, h0, h1, head
                             heads, nv, pf)  # fmt: skip
 
 
-@njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
+@njit(parallel=True, cache=True, nogil=True, fastmath=FAST, error_model="numpy")
 def paged_attention(
     qkv, tokens, seq_of_token, positions, block_tables, k_cache, v_cache, n_heads, out, workers,
     window, scale,
@@ -243,7 +240,7 @@ def paged_attention(
                     out[t, h * head_dim + i] = a[h, i]
 
 
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy", inline="always")
 def _causal_softmax(s, first_pos, scale, window):
     # s (rows, ctx) q.k scores, in place -> softmax(scale * s) over the keys row r sees
     # (0..first_pos + r, or its last `window` when window > 0), zero elsewhere
@@ -256,7 +253,7 @@ def _causal_softmax(s, first_pos, scale, window):
         s[r, lim:] = np.float32(0.0)  # a view from 0, as in _softmax_row
 
 
-@njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
+@njit(parallel=True, cache=True, nogil=True, fastmath=FAST, error_model="numpy")
 def chunk_attention(qkv, first, end, first_pos, keys, values, n_heads, out, workers, window, scale):
     # Rows first..end-1 of qkv / out are consecutive positions first_pos.. of one sequence;
     # keys, values (>= its context, n_kv, head_dim): its cache blocks, gathered. One item per

@@ -4,12 +4,22 @@ A few-row step's rows are too small to pay for waking a second thread, so the pl
 are single-threaded; the `*_parallel` ones split the rows of a many-row (BLAS-mode) step over
 numba's threads, which are free there when BLAS runs on them too (kernels/gemm.py). One row's
 work is one inlined function, shared by both.
+
+The float kernels take FAST, every LLVM fast-math flag but reassociation, and write each sum's
+order out (lane_sum): with reassociation LLVM picks a sum's order as it vectorizes, and two
+compiles of one source need not pick alike. They did not: paged_attention compiled in a
+process (which runs its parallel body's own compile) and the same kernel loaded from numba's
+cache (which runs the copy linked into its module) differed by an ulp on a Q4_K_M prefill, so
+a server's first start and its later ones answered differently.
 """
 
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
+
+# numba's fast-math flags for the float kernels: all but "reassoc" (above)
+FAST = {"nnan", "ninf", "nsz", "arcp", "contract", "afn"}
 
 
 @intrinsic
@@ -24,7 +34,7 @@ def _f32_from_bits(typingctx, bits):
     return types.float32(types.int32), codegen
 
 
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy", inline="always")
 def fast_exp(x):
     """float32 exp within ~2 ulp (Cephes expf); unlike libm's it vectorizes. Clamped to +-87."""
     x = min(max(x, np.float32(-87.0)), np.float32(87.0))
@@ -41,58 +51,76 @@ def fast_exp(x):
     return p * _f32_from_bits(bits)  # type: ignore[call-arg]
 
 
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
+@njit(cache=True, nogil=True, inline="always")
+def _term(v, square):
+    return v * v if square else v
+
+
+@njit(cache=True, nogil=True, inline="always")
+def lane_sum(row, square):
+    """sum(row), or sum(row ** 2) when square, in an order fixed here: eight partial sums, the
+    j-th over row[j::8] of the whole groups of eight, added pairwise, then the tail in turn.
+    The eight chains are independent, so LLVM packs them into one vector add (with no
+    licence to reorder them); any compile of it gives the same bits."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
+    end = row.shape[0] // 8 * 8
+    for p in range(0, end, 8):
+        s0, s1 = s0 + _term(row[p], square), s1 + _term(row[p + 1], square)
+        s2, s3 = s2 + _term(row[p + 2], square), s3 + _term(row[p + 3], square)
+        s4, s5 = s4 + _term(row[p + 4], square), s5 + _term(row[p + 5], square)
+        s6, s7 = s6 + _term(row[p + 6], square), s7 + _term(row[p + 7], square)
+    s = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    for p in range(end, row.shape[0]):
+        s += _term(row[p], square)
+    return s
+
+
+@njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy")
 def rmsnorm(x, w, eps, out):  # x (n, d), w (d,) -> out (n, d)
     n, dim = x.shape
     for t in range(n):
-        ss = np.float32(0.0)
-        for i in range(dim):
-            ss += x[t, i] * x[t, i]
+        ss = lane_sum(x[t], True)
         scale = np.float32(1.0) / np.sqrt(ss / np.float32(dim) + np.float32(eps))
         for i in range(dim):
             out[t, i] = x[t, i] * scale * w[i]
 
 
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy")
 def head_rmsnorm(x, col0, n_heads, head_dim, w, eps):
     # in place: each of the n_heads head_dim-wide pieces of x[:, col0:] normed, times w (head_dim,)
     for t in range(x.shape[0]):
         for h in range(n_heads):
             base = col0 + h * head_dim
-            ss = np.float32(0.0)
-            for i in range(head_dim):
-                ss += x[t, base + i] * x[t, base + i]
+            ss = lane_sum(x[t, base : base + head_dim], True)
             scale = np.float32(1.0) / np.sqrt(ss / np.float32(head_dim) + np.float32(eps))
             for i in range(head_dim):
                 x[t, base + i] = x[t, base + i] * scale * w[i]
 
 
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy", inline="always")
 def _add_rmsnorm_row(x, y, w, eps, out, t):
     dim = x.shape[1]
-    ss = np.float32(0.0)
     for i in range(dim):
-        v = x[t, i] + y[t, i]
-        x[t, i] = v
-        ss += v * v
+        x[t, i] += y[t, i]
+    ss = lane_sum(x[t], True)
     scale = np.float32(1.0) / np.sqrt(ss / np.float32(dim) + np.float32(eps))
     for i in range(dim):
         out[t, i] = x[t, i] * scale * w[i]
 
 
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy")
 def add_rmsnorm(x, y, w, eps, out):  # x (n, d) += y (n, d); out (n, d) = rmsnorm(x) * w
     for t in range(x.shape[0]):
         _add_rmsnorm_row(x, y, w, eps, out, t)
 
 
-@njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
+@njit(parallel=True, cache=True, nogil=True, fastmath=FAST, error_model="numpy")
 def add_rmsnorm_parallel(x, y, w, eps, out):
     for t in prange(x.shape[0]):
         _add_rmsnorm_row(x, y, w, eps, out, t)
 
 
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy", inline="always")
 def _rope_row(x, t, p, cos, sin, n_heads, head_dim):
     half = head_dim // 2
     for h in range(n_heads):
@@ -104,7 +132,7 @@ def _rope_row(x, t, p, cos, sin, n_heads, head_dim):
             x[t, base + half + i] = b * cos[p, i] + a * sin[p, i]
 
 
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy")
 def rope(x, positions, cos, sin, n_heads, head_dim):
     # x (n, >= n_heads * head_dim) rotated in place, rotate-half (NeoX/HF) layout;
     # positions (n,) int32; cos, sin (max_pos, head_dim // 2)
@@ -112,13 +140,13 @@ def rope(x, positions, cos, sin, n_heads, head_dim):
         _rope_row(x, t, positions[t], cos, sin, n_heads, head_dim)
 
 
-@njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
+@njit(parallel=True, cache=True, nogil=True, fastmath=FAST, error_model="numpy")
 def rope_parallel(x, positions, cos, sin, n_heads, head_dim):
     for t in prange(x.shape[0]):
         _rope_row(x, t, positions[t], cos, sin, n_heads, head_dim)
 
 
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy", inline="always")
 def _silu_mul_row(gate_up, out, t):
     f = out.shape[1]
     for i in range(f):
@@ -126,19 +154,19 @@ def _silu_mul_row(gate_up, out, t):
         out[t, i] = g / (np.float32(1.0) + fast_exp(-g)) * gate_up[t, f + i]
 
 
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy")
 def silu_mul(gate_up, out):  # gate_up (n, 2 * f) = [gate | up] -> out (n, f) = silu(gate) * up
     for t in range(gate_up.shape[0]):
         _silu_mul_row(gate_up, out, t)
 
 
-@njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
+@njit(parallel=True, cache=True, nogil=True, fastmath=FAST, error_model="numpy")
 def silu_mul_parallel(gate_up, out):
     for t in prange(gate_up.shape[0]):
         _silu_mul_row(gate_up, out, t)
 
 
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy", inline="always")
 def _gelu_mul_row(gate_up, out, t):
     # GELU in its tanh form (Gemma's gelu_pytorch_tanh)
     f = out.shape[1]
@@ -148,13 +176,13 @@ def _gelu_mul_row(gate_up, out, t):
         out[t, i] = np.float32(0.5) * g * (np.float32(1.0) + np.tanh(inner)) * gate_up[t, f + i]
 
 
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy")
 def gelu_mul(gate_up, out):  # gate_up (n, 2 * f) = [gate | up] -> out (n, f) = gelu(gate) * up
     for t in range(gate_up.shape[0]):
         _gelu_mul_row(gate_up, out, t)
 
 
-@njit(parallel=True, cache=True, nogil=True, fastmath=True, error_model="numpy")
+@njit(parallel=True, cache=True, nogil=True, fastmath=FAST, error_model="numpy")
 def gelu_mul_parallel(gate_up, out):
     for t in prange(gate_up.shape[0]):
         _gelu_mul_row(gate_up, out, t)

@@ -1,15 +1,20 @@
-"""numba's cache folder is keyed on the kernels' source (an edited callee never loads stale code)."""
+"""numba's cache folder is keyed on the kernels' source (an edited callee never loads stale code),
+and a kernel loaded from it computes the same bits as the one compiled."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import enginecore.kernels as kernels
 from enginecore.kernels import panels
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_cached_kernel_lives_in_the_folder_of_this_source() -> None:
@@ -37,3 +42,20 @@ def test_the_key_follows_every_kernel_file() -> None:
         kernels.source_hash()
         == hashlib.sha1(b"".join(f.read_bytes() for f in files)).hexdigest()[:12]
     )
+
+
+@pytest.mark.slow
+def test_a_compiled_and_a_cache_loaded_kernel_give_the_same_bits(tmp_path: Path) -> None:
+    # The first child compiles the kernels into an empty cache, the second loads them. With
+    # LLVM free to reorder float sums (fastmath=True), they differed: paged_attention's
+    # softmax sum by an ulp (kernels/ops.py, FAST)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    digests = [
+        subprocess.run(
+            [sys.executable, "-m", "tests.fixtures.kernel_digest_child"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=True,
+        ).stdout.strip()
+        for _ in range(2)
+    ]  # fmt: skip
+    assert len(digests[0]) == 64
+    assert digests[0] == digests[1]
