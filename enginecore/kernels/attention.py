@@ -37,6 +37,7 @@ from enginecore.kernels.attention_simd import (
     qk_scalar,
     qk_tile,
 )
+from enginecore.kernels.claim import claim, counters, share, shares_to_claim
 from enginecore.kernels.f16 import kv_store
 from enginecore.kernels.ops import FAST, fast_exp, lane_sum
 
@@ -44,6 +45,10 @@ from enginecore.kernels.ops import FAST, fast_exp, lane_sum
 # triangle (4 tiles of a 512-token chunk compute 62% of the full square) but make more calls.
 QUERY_TILE = 128
 
+
+# Fewer tokens than this keep a fixed split of paged_attention's items (kernels/claim.py): at
+# ~10 us a token they make a region too short for claims across workers to pay.
+CLAIM_MIN_TOKENS = 8
 
 # Tokens stored on one thread below this many (a parallel region costs more than they do).
 STORE_SERIAL_BELOW = 16
@@ -180,7 +185,7 @@ def _weighted_values(sf, s0, span, vf, table, lo, ctx, n_kv, group, h0, h1, head
                             heads, nv, pf)  # fmt: skip
 
 
-@njit(parallel=True, cache=True, nogil=True, fastmath=FAST, error_model="numpy")
+@njit(cache=True, nogil=True)
 def paged_attention(
     qkv, tokens, seq_of_token, positions, block_tables, k_cache, v_cache, n_heads, out, workers,
     window, scale,
@@ -196,48 +201,69 @@ def paged_attention(
     # queries further loses the tiles' shared K loads, and measured no faster). Each head's
     # scores and sums are the same operations in the same order either way, so the split
     # never changes a bit.
-    # Worker w takes items w, w + workers, ...: neighbouring rows have alike contexts, so
-    # contiguous shares would be unbalanced. Two passes over a scores row (q.k, then softmax
-    # and v) measured 2.7x faster than an online softmax rescaling per block.
-    n_kv, head_dim, bs = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    group = n_heads // n_kv
-    n_tokens = tokens.shape[0]
+    # Each worker claims the items of its share one by one, then what is left of the others'
+    # (kernels/claim.py): contexts differ, and a worker may be descheduled. Two passes over a
+    # scores row (q.k, then softmax and v) measured 2.7x faster than an online softmax
+    # rescaling per block.
+    # Arrays are made here, outside the parallel function: one made inside costs its region
+    # ~1.7 us, a tenth of a one-token decode's attention.
+    head_dim, bs = k_cache.shape[2], k_cache.shape[3]
     max_ctx = 1
-    for k in range(n_tokens):
+    for k in range(tokens.shape[0]):
         max_ctx = max(max_ctx, positions[tokens[k]] + 1)
     span = -(-max_ctx // bs) * bs  # a scores row holds whole blocks
-    per_item = group if n_tokens < workers else n_heads  # heads per item
-    n_items = n_tokens * (n_heads // per_item)
-    # scratch per worker (a few KB, it stays in cache), allocated once per call; flat views
-    # for the vector tiles
+    # scratch per worker (a few KB, it stays in cache); flat views for the vector tiles
     acc = np.empty((workers, n_heads, head_dim), np.float32)
     qs = np.empty((workers, n_heads, head_dim), np.float32)
     score = np.empty((workers, n_heads, span), np.float32)
-    kf, vf = k_cache.reshape(-1), v_cache.reshape(-1)
+    _paged_attention(
+        qkv, tokens, seq_of_token, positions, block_tables, k_cache.reshape(-1),
+        v_cache.reshape(-1), k_cache.shape[1], n_heads, head_dim, bs, out, workers, window,
+        scale, acc, qs, score, span, counters(workers),
+    )  # fmt: skip
+
+
+@njit(parallel=True, cache=True, nogil=True, fastmath=FAST, error_model="numpy")
+def _paged_attention(
+    qkv, tokens, seq_of_token, positions, block_tables, kf, vf, n_kv, n_heads, head_dim, bs,
+    out, workers, window, scale, acc, qs, score, span, claimed,
+):  # fmt: skip
+    # paged_attention's work, its K and V caches flat (kf, vf), its scratch and counters made
+    group = n_heads // n_kv
+    n_tokens = tokens.shape[0]
+    per_item = group if n_tokens < workers else n_heads  # heads per item
+    n_items = n_tokens * (n_heads // per_item)
     af, qf, sf = acc.reshape(-1), qs.reshape(-1), score.reshape(-1)
+    n_chunks = n_items if n_tokens >= CLAIM_MIN_TOKENS else workers  # one item a chunk
     for w in prange(workers):
         q, sc, a = qs[w], score[w], acc[w]
         q0, s0 = w * n_heads * head_dim, w * n_heads * span
-        for item in range(w, n_items, workers):
-            t = tokens[item * per_item // n_heads]
-            h0 = item * per_item % n_heads
-            h1 = h0 + per_item
-            s = seq_of_token[t]
-            ctx = positions[t] + 1
-            lo = _first_visible(positions[t], window)
-            for h in range(h0, h1):
-                for i in range(head_dim):
-                    q[h, i] = qkv[t, h * head_dim + i] * np.float32(scale)
-                    a[h, i] = np.float32(0.0)
-            table = block_tables[s]
-            _scores(qf, q0, kf, table, lo, ctx, n_kv, group, h0, h1, head_dim, bs, sf, s0, span)
-            for h in range(h0, h1):  # q was scaled already
-                _softmax_row(sc, h, lo, ctx, np.float32(1.0))
-            _weighted_values(sf, s0, span, vf, table, lo, ctx, n_kv, group, h0, h1, head_dim, bs,
-                             af, q0)  # fmt: skip
-            for h in range(h0, h1):
-                for i in range(head_dim):
-                    out[t, h * head_dim + i] = a[h, i]
+        for k in range(shares_to_claim(n_chunks, workers)):
+            first, end = share((w + k) % workers, n_items, workers)
+            while True:
+                item = first + claim(claimed, (w + k) % workers)
+                if item >= end:
+                    break
+                t = tokens[item * per_item // n_heads]
+                h0 = item * per_item % n_heads
+                h1 = h0 + per_item
+                s = seq_of_token[t]
+                ctx = positions[t] + 1
+                lo = _first_visible(positions[t], window)
+                for h in range(h0, h1):
+                    for i in range(head_dim):
+                        q[h, i] = qkv[t, h * head_dim + i] * np.float32(scale)
+                        a[h, i] = np.float32(0.0)
+                table = block_tables[s]
+                _scores(qf, q0, kf, table, lo, ctx, n_kv, group, h0, h1, head_dim, bs, sf, s0,
+                        span)  # fmt: skip
+                for h in range(h0, h1):  # q was scaled already
+                    _softmax_row(sc, h, lo, ctx, np.float32(1.0))
+                _weighted_values(sf, s0, span, vf, table, lo, ctx, n_kv, group, h0, h1, head_dim,
+                                 bs, af, q0)  # fmt: skip
+                for h in range(h0, h1):
+                    for i in range(head_dim):
+                        out[t, h * head_dim + i] = a[h, i]
 
 
 @njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy", inline="always")

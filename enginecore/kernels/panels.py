@@ -28,6 +28,7 @@ kernels/dequant.py.
 import numpy as np
 from numba import njit, prange
 
+from enginecore.kernels.claim import claim, counters, num_chunks, share, shares_to_claim
 from enginecore.kernels.dot import ACT_ROWS, HIGH_BYTES
 from enginecore.kernels.f16 import f16_bits_to_f32
 from enginecore.kernels.simd import (
@@ -72,6 +73,13 @@ def panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn):
 
 # Rows quantized on one thread below this many (a parallel region costs more than they do).
 QUANTIZE_SERIAL_ROWS = 16
+
+# int_matmul's workers claim panels in chunks of at least this many multiply-adds (panels x 16
+# x K x rows; one panel at least): a one-row chunk of 7 panels of K = 576 streams 35 KB; and
+# a matmul of fewer multiply-adds in all keeps a fixed split (kernels/claim.py): at one row,
+# the layer matrices of the bundled model (~10-20 us); from 4 rows on, none of them
+CLAIMED_MACS = 1 << 22
+CHUNK_MACS = 1 << 16
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -285,8 +293,15 @@ def _panel_rows(rows, four_bit, five, args):
         panel_row_8(*args)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
+    # (the claims' counters are made out here: an array made inside a parallel function
+    # costs its region ~1.7 us, more than a one-row matmul of a small matrix gains from claims)
+    _int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts, counters(parts))
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts, claimed):
     # out[t, col0 + row] for the matrix's n_rows rows (the last panel may hold padding) =
     # the sum over sub-blocks of sc * xa * S + c * xb (kernels/simd.py's docstring: its order
     # and roundings), S the exact int32 sum of v * xq over each activation block inside the
@@ -297,36 +312,54 @@ def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
     n_sub = K // sub
     panel_bytes = lanes.shape[1] * lanes.itemsize
     five = hb.shape[1] > 0
-    step = -(-P // parts)
-    for part in prange(parts):
+    # chunks of panels, claimed by the workers as they go (kernels/claim.py)
+    n_chunks = num_chunks(P, parts, LANES * K * n, CHUNK_MACS, CLAIMED_MACS)
+    for w in prange(parts):
         s16 = np.empty(LANES, np.int32)
         psum = np.empty(LANES, np.float32)
         acc = np.empty(WIDE * LANES, np.float32)
         sc = np.empty((n_sub, LANES), np.float32)
         mn = np.empty((n_sub, LANES), np.float32)
-        for p in range(part * step, min(P, part * step + step)):
-            if isa == 0:
-                panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn)
-            t = 0
-            while t < n:
-                rows = 1
-                if isa != 0 and t + WIDE <= n:
-                    rows = WIDE
-                elif isa != 0 and t + ROWS <= n:
-                    rows = ROWS
-                if isa == 0:
-                    _portable_row(lanes, hb, p, four_bit, off, sub, sc, mn, xq, xa, xb, t, s16,
-                                  psum, acc)  # fmt: skip
-                else:
-                    x_off, group = act_row(xq, t)
-                    args = (isa, lanes, p * panel_bytes, hb, p * hb.shape[1], xq, x_off, 4 * group,
-                            xa, t, xb, t, d, dm, isc, imn, p * d.shape[1] * LANES,
-                            p * isc.shape[1] * LANES, sps, has_min, n_sub, sub, off, acc)  # fmt: skip
-                    _panel_rows(rows, four_bit, five, args)
-                for i in range(rows):
-                    for r in range(min(LANES, n_rows - p * LANES)):
-                        out[t + i, col0 + p * LANES + r] = acc[i * LANES + r]
-                t += rows
+        for k in range(shares_to_claim(n_chunks, parts)):
+            s = (w + k) % parts
+            first, end = share(s, n_chunks, parts)
+            while True:
+                chunk = first + claim(claimed, s)
+                if chunk >= end:
+                    break
+                for p in range(chunk * P // n_chunks, (chunk + 1) * P // n_chunks):
+                    _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa,
+                           xq, xa, xb, p, n_sub, panel_bytes, five, s16, psum, acc, sc, mn, out,
+                           col0, n_rows)  # fmt: skip
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq, xa, xb, p,
+           n_sub, panel_bytes, five, s16, psum, acc, sc, mn, out, col0, n_rows):  # fmt: skip
+    # out[:, col0 + 16 p ..] = panel p times every activation row
+    n = xq.shape[0]
+    if isa == 0:
+        panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn)
+    t = 0
+    while t < n:
+        rows = 1
+        if isa != 0 and t + WIDE <= n:
+            rows = WIDE
+        elif isa != 0 and t + ROWS <= n:
+            rows = ROWS
+        if isa == 0:
+            _portable_row(lanes, hb, p, four_bit, off, sub, sc, mn, xq, xa, xb, t, s16, psum,
+                          acc)  # fmt: skip
+        else:
+            x_off, group = act_row(xq, t)
+            args = (isa, lanes, p * panel_bytes, hb, p * hb.shape[1], xq, x_off, 4 * group,
+                    xa, t, xb, t, d, dm, isc, imn, p * d.shape[1] * LANES,
+                    p * isc.shape[1] * LANES, sps, has_min, n_sub, sub, off, acc)  # fmt: skip
+            _panel_rows(rows, four_bit, five, args)
+        for i in range(rows):
+            for r in range(min(LANES, n_rows - p * LANES)):
+                out[t + i, col0 + p * LANES + r] = acc[i * LANES + r]
+        t += rows
 
 
 @njit(cache=True, nogil=True)
