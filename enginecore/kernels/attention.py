@@ -37,7 +37,7 @@ from enginecore.kernels.attention_simd import (
     qk_scalar,
     qk_tile,
 )
-from enginecore.kernels.claim import claim, counters, share, shares_to_claim
+from enginecore.kernels.claim import counters, next_item, shares_to_claim
 from enginecore.kernels.f16 import kv_store
 from enginecore.kernels.ops import FAST, fast_exp, lane_sum
 
@@ -238,32 +238,30 @@ def _paged_attention(
     for w in prange(workers):
         q, sc, a = qs[w], score[w], acc[w]
         q0, s0 = w * n_heads * head_dim, w * n_heads * span
-        for k in range(shares_to_claim(n_chunks, workers)):
-            first, end = share((w + k) % workers, n_items, workers)
-            while True:
-                item = first + claim(claimed, (w + k) % workers)
-                if item >= end:
-                    break
-                t = tokens[item * per_item // n_heads]
-                h0 = item * per_item % n_heads
-                h1 = h0 + per_item
-                s = seq_of_token[t]
-                ctx = positions[t] + 1
-                lo = _first_visible(positions[t], window)
-                for h in range(h0, h1):
-                    for i in range(head_dim):
-                        q[h, i] = qkv[t, h * head_dim + i] * np.float32(scale)
-                        a[h, i] = np.float32(0.0)
-                table = block_tables[s]
-                _scores(qf, q0, kf, table, lo, ctx, n_kv, group, h0, h1, head_dim, bs, sf, s0,
-                        span)  # fmt: skip
-                for h in range(h0, h1):  # q was scaled already
-                    _softmax_row(sc, h, lo, ctx, np.float32(1.0))
-                _weighted_values(sf, s0, span, vf, table, lo, ctx, n_kv, group, h0, h1, head_dim,
-                                 bs, af, q0)  # fmt: skip
-                for h in range(h0, h1):
-                    for i in range(head_dim):
-                        out[t, h * head_dim + i] = a[h, i]
+        while True:
+            item = next_item(claimed, w, n_items, shares_to_claim(n_chunks, workers))
+            if item < 0:
+                break
+            t = tokens[item * per_item // n_heads]
+            h0 = item * per_item % n_heads
+            h1 = h0 + per_item
+            s = seq_of_token[t]
+            ctx = positions[t] + 1
+            lo = _first_visible(positions[t], window)
+            for h in range(h0, h1):
+                for i in range(head_dim):
+                    q[h, i] = qkv[t, h * head_dim + i] * np.float32(scale)
+                    a[h, i] = np.float32(0.0)
+            table = block_tables[s]
+            _scores(qf, q0, kf, table, lo, ctx, n_kv, group, h0, h1, head_dim, bs, sf, s0,
+                    span)  # fmt: skip
+            for h in range(h0, h1):  # q was scaled already
+                _softmax_row(sc, h, lo, ctx, np.float32(1.0))
+            _weighted_values(sf, s0, span, vf, table, lo, ctx, n_kv, group, h0, h1, head_dim,
+                             bs, af, q0)  # fmt: skip
+            for h in range(h0, h1):
+                for i in range(head_dim):
+                    out[t, h * head_dim + i] = a[h, i]
 
 
 @njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy", inline="always")

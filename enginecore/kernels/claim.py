@@ -15,14 +15,11 @@ the same worker); when one worker is descheduled, the other takes its unstarted 
 
     c = counters(workers)                      # before the region
     for w in prange(workers):
-        for k in range(shares_to_claim(n, workers)):
-            s = (w + k) % workers              # its own share first, then the others'
-            first, end = share(s, n, workers)
-            while True:
-                i = first + claim(c, s)
-                if i >= end:
-                    break
-                ...item i...
+        while True:
+            i = next_item(c, w, n, shares_to_claim(n, workers))
+            if i < 0:
+                break
+            ...item i...
 
 A short region (a one-row matmul of a small matrix, a decode's attention for a few tokens)
 keeps a fixed split, and no worker claims from another's share: such a region lasts 5-20 us,
@@ -45,8 +42,10 @@ from numba.extending import intrinsic
 
 # a share's counter is element COUNTER_SLOT of its row of 2 * COUNTER_SLOT int64 (128 bytes):
 # whatever the array's 16-byte-aligned start, that element's cache line holds nothing but its
-# own row's bytes, so two shares' counters never share a line
+# own row's bytes, so two shares' counters never share a line. Element SHARES_DONE of row w
+# is worker w's own (how many shares it has emptied), 64 bytes from any counter.
 COUNTER_SLOT = 8
+SHARES_DONE = 0
 
 
 def _fetch_add(typingctx: Any, c: Any, s: Any, n: Any) -> Any:
@@ -82,6 +81,21 @@ def counters(workers):
 def claim(c, s):
     # the next unclaimed index of share s (0, 1, 2, ... across all workers, each once)
     return fetch_add(c, s, 1)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def next_item(c, w, n_items, n_shares):
+    # worker w's next item of n_items (split into c.shape[0] shares), or -1 when none is left:
+    # from its own share, then from the next n_shares - 1 shares in turn
+    workers = c.shape[0]
+    while c[w, SHARES_DONE] < n_shares:
+        s = (w + c[w, SHARES_DONE]) % workers
+        first, end = share(s, n_items, workers)
+        i = first + claim(c, s)
+        if i < end:
+            return i
+        c[w, SHARES_DONE] += 1
+    return -1
 
 
 @njit(cache=True, nogil=True, inline="always")

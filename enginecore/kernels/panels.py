@@ -28,7 +28,7 @@ kernels/dequant.py.
 import numpy as np
 from numba import njit, prange
 
-from enginecore.kernels.claim import claim, counters, num_chunks, share, shares_to_claim
+from enginecore.kernels.claim import counters, next_item, num_chunks, shares_to_claim
 from enginecore.kernels.dot import ACT_ROWS, HIGH_BYTES
 from enginecore.kernels.f16 import f16_bits_to_f32
 from enginecore.kernels.simd import (
@@ -320,17 +320,14 @@ def _int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts, claimed):
         acc = np.empty(WIDE * LANES, np.float32)
         sc = np.empty((n_sub, LANES), np.float32)
         mn = np.empty((n_sub, LANES), np.float32)
-        for k in range(shares_to_claim(n_chunks, parts)):
-            s = (w + k) % parts
-            first, end = share(s, n_chunks, parts)
-            while True:
-                chunk = first + claim(claimed, s)
-                if chunk >= end:
-                    break
-                for p in range(chunk * P // n_chunks, (chunk + 1) * P // n_chunks):
-                    _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa,
-                           xq, xa, xb, p, n_sub, panel_bytes, five, s16, psum, acc, sc, mn, out,
-                           col0, n_rows)  # fmt: skip
+        while True:
+            chunk = next_item(claimed, w, n_chunks, shares_to_claim(n_chunks, parts))
+            if chunk < 0:
+                break
+            for p in range(chunk * P // n_chunks, (chunk + 1) * P // n_chunks):
+                _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq,
+                       xa, xb, p, n_sub, panel_bytes, five, s16, psum, acc, sc, mn, out, col0,
+                       n_rows)  # fmt: skip
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -13,9 +13,9 @@ from numba import njit, prange
 
 from enginecore.kernels import panels, threads
 from enginecore.kernels.claim import (
-    claim,
     counters,
     fetch_add,
+    next_item,
     num_chunks,
     share,
     shares_to_claim,
@@ -45,14 +45,11 @@ def _claims(n_chunks, workers, stalled, c, done, who):
             t0 = _now()
             while fetch_add(done, 0, 0) < workers - 1 and _now() - t0 < STALL_LIMIT_S:
                 pass
-        for k in range(shares_to_claim(n_chunks, workers)):
-            s = (w + k) % workers
-            first, end = share(s, n_chunks, workers)
-            while True:
-                i = first + claim(c, s)
-                if i >= end:
-                    break
-                who[i] += w + 1
+        while True:  # the kernels' walk (int_matmul, paged_attention)
+            i = next_item(c, w, n_chunks, shares_to_claim(n_chunks, workers))
+            if i < 0:
+                break
+            who[i] += w + 1
         if w != stalled:
             fetch_add(done, 0, 1)
 
