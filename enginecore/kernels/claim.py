@@ -26,8 +26,9 @@ keeps a fixed split, and no worker claims from another's share: such a region la
 and a claim across shares moves a cache line between cores. (The first version, with claims
 everywhere and its counters made inside the parallel function, made one-row matmuls of the
 layer matrices 15-35% slower; most of that was the array made inside, ~1.7 us a region, so
-every kernel here takes its arrays from a caller outside the parallel function. Claims in
-short regions were not measured again after that.)
+every kernel here takes its arrays from a caller outside the parallel function. With that
+done, claims in short regions too measured neutral at B=1 and 4, quiet or beside a busy
+neighbour, so the fixed split stays there.)
 
 Which worker computes an item never changes what the item computes, so a claimed split gives
 the same bits as a fixed one.
