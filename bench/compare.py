@@ -6,7 +6,8 @@ Three phases, each runnable alone (`--phases`), every one a fresh start of each 
 
 - levels: the same tl-bench load (chat, streaming, 128 output tokens, temperature 0, a unique
   prompt per request) at concurrency 1, 4, 16 and 64 against tl-serve (in its default numerics;
-  `--other-numerics int8,exact` adds a run per other mode), llama-server
+  `--other-numerics int8,exact` adds a run per other mode, `--other-block-sizes 32` one per
+  other KV block size, each with the same KV capacity in tokens), llama-server
   (`-t 2 -np 64 -c 64 x --ctx-per-slot`; tl-serve gets a KV cache of the same capacity in
   tokens) and, when its venv exists, llama-cpp-python's server;
 - overload: 64 clients against 16 running requests (tl-serve: max_num_seqs 16, queue 8, 429
@@ -60,6 +61,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--other-numerics",
         default="",
         help="levels: tl-serve again in these numerics too (e.g. int8,exact), beside the default",
+    )
+    p.add_argument(
+        "--other-block-sizes",
+        default="",
+        help="levels: tl-serve again with these KV block sizes too (e.g. 32), beside the default",
     )
     p.add_argument("--wait-load", type=float, default=0.7, help="1-min loadavg before a server")
     p.add_argument(
@@ -131,7 +137,8 @@ def llamacpp_python() -> Path | None:
 
 def levels_phase(args: argparse.Namespace, model: Path, out: Path, binary: Path) -> dict[str, Any]:
     """Every server at every level, one server at a time."""
-    blocks = -(-SLOTS * args.ctx_per_slot // EngineConfig().block_size)
+    tokens = SLOTS * args.ctx_per_slot  # llama-server's KV capacity: tl-serve's too
+    blocks = -(-tokens // EngineConfig().block_size)
     runs = []
     wait_quiet(args.wait_load)
     tl = tl_serve(out, "tl-serve", model_dir=str(model), num_kv_blocks=blocks)
@@ -141,11 +148,16 @@ def levels_phase(args: argparse.Namespace, model: Path, out: Path, binary: Path)
     except RuntimeError as e:  # it refuses the model (a weight type it does not serve, say)
         log = tl.log_path.read_text(errors="replace").strip().splitlines()[-3:]
         runs.append({"label": tl.label, "error": f"{e}; its log ends: {' | '.join(log)}"})
-    for numerics in filter(None, args.other_numerics.split(",")):
+    others = [("numerics", n, blocks) for n in filter(None, args.other_numerics.split(","))]
+    others += [
+        ("block_size", int(b), -(-tokens // int(b)))
+        for b in filter(None, args.other_block_sizes.split(","))
+    ]
+    for key, value, n_blocks in others:
         wait_quiet(args.wait_load)
-        label = f"tl-serve numerics={numerics}"
+        label = f"tl-serve {key}={value}"
         with tl_serve(
-            out, label, model_dir=str(model), num_kv_blocks=blocks, numerics=numerics
+            out, label, model_dir=str(model), num_kv_blocks=n_blocks, **{key: value}
         ) as server:
             runs += run_levels(server, args, {}, out)
     wait_quiet(args.wait_load)
@@ -157,7 +169,7 @@ def levels_phase(args: argparse.Namespace, model: Path, out: Path, binary: Path)
         wait_quiet(args.wait_load)
         with llama_cpp_python(out, model) as server:
             runs += run_levels(server, args, {"min_tokens": args.output_len}, out)
-    return {"runs": runs, "kv_tokens": SLOTS * args.ctx_per_slot, "tl_kv_blocks": blocks}
+    return {"runs": runs, "kv_tokens": tokens, "tl_kv_blocks": blocks}
 
 
 def overload_phase(
