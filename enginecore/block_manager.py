@@ -46,6 +46,7 @@ class BlockManager:
         self._free = FreeBlocks(num_blocks)
         self._private: set[int] = set()
         self._live: dict[str, _Live] = {}  # request id -> its table's bookkeeping
+        self.copies: list[tuple[int, int]] = []  # partial hits' (source, destination) blocks
         self.evictions_total = 0
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
@@ -108,24 +109,35 @@ class BlockManager:
         None, changing nothing, if the pool is short. At least one token is always left
         uncached, so the caller has logits to sample from. The prefix is looked up in `salt`'s
         tree, and not at all unless `match_prefix` (every position is then computed).
+
+        The cached prefix is the longest run of whole cached blocks, then the leading tokens
+        of a cached block that continues it on fewer than a block (a partial hit): that block
+        is copied into the table's first new block (`take_copies`, for the runner before the
+        next forward pass), whose remaining slots the request computes.
         """
         assert rid not in self._live, f"{rid!r} already holds a table"
-        max_blocks = max(len(token_ids) - 1, 0) // self.block_size if match_prefix else 0
-        match = self.cache.match(token_ids, max_blocks, salt)
-        num_new = len(token_ids) - match.num_tokens
+        limit = max(len(token_ids) - 1, 0) if match_prefix else 0
+        match = self.cache.match(token_ids, limit // self.block_size, salt)
+        partial = self.cache.match_partial(token_ids, match, limit, salt)
+        cached = match.num_tokens + (partial.num_tokens if partial else 0)
+        num_new = len(token_ids) - cached
         if max_new_tokens is not None:
             num_new = min(num_new, max_new_tokens)
-        need = self.blocks_needed(match.num_tokens + num_new) - len(match.block_ids)
+        need = self.blocks_needed(cached + num_new) - len(match.block_ids)
         self.cache.lock(match.block_ids)  # before taking blocks, so eviction spares them
         new_blocks = self._take(need, match.block_ids[-1] if match.block_ids else None)
         if new_blocks is None:
             self.cache.unlock(match.block_ids)
             return None
+        if partial:
+            # The partial block's contents are still intact even if the _take above (or a
+            # later one this step) evicted it: nothing writes KV before the copies are made.
+            self.copies.append((partial.block_id, new_blocks[0]))
         self._live[rid] = _Live(match.block_ids + new_blocks, len(match.block_ids), salt)
         if match_prefix:
             self.prefix_query_tokens += len(token_ids)
-            self.prefix_hit_tokens += match.num_tokens
-        return match.num_tokens
+            self.prefix_hit_tokens += cached
+        return cached
 
     def fork(self, parent: str, child: str, num_tokens: int) -> list[tuple[int, int]] | None:
         """Start `child`'s table with the KV of `parent`'s first `num_tokens` positions and room
@@ -150,6 +162,12 @@ class BlockManager:
             return None
         self._live[child] = _Live(kept + new_blocks, shared, live.salt)
         return list(zip(sources, new_blocks[: len(sources)], strict=True))
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The (source, destination) block copies partial prefix hits took since the last call:
+        to be made before the next forward pass writes any KV."""
+        copies, self.copies = self.copies, []
+        return copies
 
     def allocate_scratch(self, key: str, num_tokens: int) -> list[int] | None:
         """A private table under `key` for a one-off forward (embeddings), never published;

@@ -346,6 +346,9 @@ class Engine:
 
     def generate(self, scheduled: Scheduled) -> bool:
         """The forward pass and sampling of one scheduled batch; False if the forward failed."""
+        copies = self.scheduler.take_copies()
+        if copies:  # partial prefix hits of this step: before the forward writes any KV
+            self.runner.copy_blocks(copies)
         try:
             logits = self.runner.run(scheduled.batch)
         except Exception:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,15 @@ class MatchResult(NamedTuple):
     num_tokens: int
 
 
+class PartialHit(NamedTuple):
+    """A cached block, child of a match's last block, whose leading `num_tokens` token ids are
+    the next ones of the query (fewer than a block): its KV for them can be copied, not
+    computed."""
+
+    block_id: int
+    num_tokens: int
+
+
 @dataclass(slots=True, eq=False)
 class _Node:
     """One cached block: the edge from its parent is `key` (block_size token ids)."""
@@ -25,6 +35,7 @@ class _Node:
     block_id: int
     parent: _Node | None
     children: dict[BlockKey, _Node] = field(default_factory=dict)
+    sorted_keys: list[BlockKey] = field(default_factory=list)  # of `children`, for partial hits
     ref: int = 0  # number of live block tables holding this block
     last_access: int = 0  # logical clock of the last insert/lock/unlock
     salt: str = ""  # roots only: the cache salt whose tree this is
@@ -94,6 +105,37 @@ class RadixCache:
             node = child
         return MatchResult(block_ids, len(block_ids) * bs)
 
+    def match_partial(
+        self, token_ids: Sequence[int], match: MatchResult, max_tokens: int, salt: str = ""
+    ) -> PartialHit | None:
+        """The cached block continuing `match` (this salt's `match(token_ids)`, maybe cut
+        short) on the most of the query's next tokens, at most up to position `max_tokens`
+        and fewer than a block; None if no child of the match's last block starts with the
+        next token. Changes nothing.
+
+        In lexicographic order the key sharing the longest prefix with a query is next to the
+        query's insertion point, so two comparisons find it among any number of children.
+        """
+        start = match.num_tokens
+        query = tuple(token_ids[start : min(start + self.block_size, max_tokens)])
+        if not query:
+            return None
+        if match.block_ids:
+            node = self._nodes[match.block_ids[-1]]
+        else:
+            root = self._roots.get(salt)
+            if root is None:
+                return None
+            node = root
+        keys = node.sorted_keys
+        at = bisect.bisect_left(keys, query)
+        best: PartialHit | None = None
+        for key in keys[max(at - 1, 0) : at + 1]:
+            n = _common_prefix(key, query)
+            if n and (best is None or n > best.num_tokens):
+                best = PartialHit(node.children[key].block_id, min(n, self.block_size - 1))
+        return best
+
     def insert(
         self, token_ids: Sequence[int], block_ids: Sequence[int], salt: str = ""
     ) -> list[int]:
@@ -118,6 +160,7 @@ class RadixCache:
                 assert block_id not in self._nodes, f"block {block_id} cached under another key"
                 child = _Node(key=key, block_id=block_id, parent=node, last_access=self._clock)
                 node.children[key] = child
+                bisect.insort(node.sorted_keys, key)
                 self._nodes[block_id] = child
                 self._num_evictable += 1
                 created = True
@@ -161,6 +204,7 @@ class RadixCache:
             parent = node.parent
             assert parent is not None
             del parent.children[node.key]
+            del parent.sorted_keys[bisect.bisect_left(parent.sorted_keys, node.key)]
             del self._nodes[block_id]
             self._num_evictable -= 1
             evicted.append(block_id)
@@ -195,6 +239,7 @@ class RadixCache:
         while stack:
             node = stack.pop()
             child_refs = 0
+            assert node.sorted_keys == sorted(node.children), "sorted_keys out of step"
             for key, child in node.children.items():
                 assert child.key == key
                 assert len(key) == self.block_size
@@ -215,3 +260,12 @@ class RadixCache:
             if node.ref == 0 and not node.children:
                 entry = (node.last_access, node.block_id)
                 assert entry in entries, f"evictable leaf {node.block_id} missing from the heap"
+
+
+def _common_prefix(a: BlockKey, b: BlockKey) -> int:
+    """Length of the longest common prefix of two token-id tuples."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

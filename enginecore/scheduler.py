@@ -428,8 +428,10 @@ class Scheduler:
         return seated[leader.client]
 
     def take_copies(self) -> list[tuple[int, int]]:
-        """The (source, destination) KV block copies forks took since the last call."""
-        copies, self.copies = self.copies, []
+        """The (source, destination) KV block copies taken since the last call: by partial
+        prefix hits when scheduling (to be made before that step's forward pass) and by forks
+        after it (before the next one)."""
+        copies, self.copies = self.blocks.take_copies() + self.copies, []
         return copies
 
     def _finish_status(self, req: Request, token: int) -> RequestStatus | None:

@@ -125,6 +125,22 @@ def test_shared_prefix_reports_cached_tokens(main: ProtocolClient, ref: Referenc
     assert after.prefix_cache_queries - before.prefix_cache_queries == len(prompt)
 
 
+def test_a_partial_block_hit_gives_the_reference_output(
+    main: ProtocolClient, ref: Reference
+) -> None:
+    base = random_prompt(701, 42)  # a seed no other test on this core uses
+    first = main.generate("partial-a", base, greedy(4, ignore_eos=True))
+    assert first.num_cached_tokens == 0
+    # 45 positions computed (42 prompt + 3 outputs): 11 whole blocks of 4 published
+    prompt = [*base[:38], (base[38] + 1) % 256, *text(" then a tail")]
+    out = main.generate("partial-b", prompt, greedy(8, ignore_eos=True))
+    assert out.num_cached_tokens == 38  # 9 whole blocks, and 2 slots copied from the tenth
+    assert out.token_ids == ref.greedy(prompt, 8)
+    again = main.generate("partial-c", base, greedy(4, ignore_eos=True))
+    assert again.num_cached_tokens == 41  # all but the last prompt token, 1 slot copied
+    assert again.token_ids == first.token_ids == ref.greedy(base, 4)
+
+
 def test_embeddings_are_normalized_mean_hidden_states_in_order(
     main: ProtocolClient, ref: Reference
 ) -> None:

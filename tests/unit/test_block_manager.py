@@ -14,6 +14,7 @@ from enginecore.block_manager import BlockManager
 def run(bm: BlockManager, rid: str, tokens: list[int]) -> list[int]:
     """Admit, compute every token, publish; return (a copy of) the live block table."""
     assert bm.allocate(rid, tokens) is not None
+    bm.take_copies()  # a partial hit's copy, made by the runner before the forward
     bm.cache_full_blocks(rid, tokens)
     bm.check_integrity()
     return list(bm.table(rid))
@@ -38,11 +39,35 @@ def test_partial_tail_is_never_shared_and_one_token_is_left_to_compute() -> None
     assert bm.table("a") == []  # free drops the table
     assert not bm.has("a")
     assert (bm.num_free, bm.num_cached, bm.num_used) == (7, 1, 0)
-    assert bm.allocate("a2", [1, 2, 3, 4, 5, 6]) == 4
-    run(bm, "b", [9, 9, 9, 9, 8, 8, 8, 8])
+    assert bm.allocate("a2", [1, 2, 3, 4, 5, 6]) == 4  # the unpublished tail is gone
+    assert bm.take_copies() == []
+    b = run(bm, "b", [9, 9, 9, 9, 8, 8, 8, 8])
     bm.free("b", [9, 9, 9, 9, 8, 8, 8, 8])
-    # whole prompt cached: the last block is not
-    assert bm.allocate("b2", [9, 9, 9, 9, 8, 8, 8, 8]) == 4
+    # whole prompt cached: its last block is a partial hit of all but the last token
+    assert bm.allocate("b2", [9, 9, 9, 9, 8, 8, 8, 8]) == 7
+    assert bm.table("b2")[0] == b[0] and bm.table("b2")[1] != b[1]
+    assert bm.take_copies() == [(b[1], bm.table("b2")[1])]
+    assert bm.take_copies() == []  # taken once
+    bm.check_integrity()
+
+
+def test_a_partial_hit_takes_the_cached_block_sharing_the_most_next_tokens() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4, prefix_cache=True)
+    tables = {}
+    for rid, tokens in (("a", [5, 1, 2, 3]), ("b", [5, 1, 7, 7]), ("c", [5, 2, 2, 2])):
+        tables[rid] = run(bm, rid, tokens)
+        bm.free(rid, tokens)
+    assert bm.allocate("d", [5, 1, 2, 9, 9]) == 3  # a's first 3 tokens
+    assert bm.take_copies() == [(tables["a"][0], bm.table("d")[0])]
+    assert bm.allocate("e", [5, 1, 9]) == 2  # a's and b's first 2 tie: either serves
+    [(src, dst)] = bm.take_copies()
+    assert src in (tables["a"][0], tables["b"][0]) and dst == bm.table("e")[0]
+    assert bm.allocate("f", [6, 5, 1]) == 0 and bm.take_copies() == []
+    assert bm.allocate("g", [5, 1, 2], salt="s") == 0  # another salt's tree
+    assert bm.allocate("h", [5, 1, 2, 3], match_prefix=False) == 0
+    assert bm.take_copies() == []
+    # hits: b 2 and c 1 tokens (of a's block), d 3, e 2
+    assert (bm.prefix_query_tokens, bm.prefix_hit_tokens) == (12 + 5 + 3 + 3 + 3, 8)
     bm.check_integrity()
 
 
@@ -217,11 +242,15 @@ class BlockManagerModel(RuleBasedStateMachine):
             assert self.bm.blocks_needed(len(tokens)) > before[0] + before[1]
             assert (self.bm.num_free, self.bm.num_cached, self.bm.num_used) == before
             return
-        assert cached % self.bs == 0
-        assert lower * self.bs <= cached <= (len(tokens) - 1) // self.bs * self.bs
+        assert lower * self.bs <= cached <= len(tokens) - 1
         assert self.caching or cached == 0
         todo = len(tokens) - cached if chunk is None else min(chunk, len(tokens) - cached)
         assert len(self.bm.table(rid)) == self.bm.blocks_needed(cached + todo)
+        copies = self.bm.take_copies()  # a partial hit: copied as the runner would
+        assert len(copies) == (cached % self.bs > 0)
+        for src, dst in copies:
+            assert dst == self.bm.table(rid)[cached // self.bs]
+            self.content[dst] = list(self.content[src])
         self.live.append(Seq(rid, list(tokens), cached, cached // self.bs))
 
     @precondition(lambda self: self.live)

@@ -7,7 +7,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from enginecore.radix_cache import MatchResult, RadixCache
+from enginecore.radix_cache import MatchResult, PartialHit, RadixCache
 
 
 def test_empty_cache_matches_nothing() -> None:
@@ -103,6 +103,28 @@ def test_parent_becomes_evictable_after_its_children() -> None:
     cache.check_integrity()
 
 
+def test_a_partial_hit_is_the_child_sharing_the_most_next_tokens() -> None:
+    cache = RadixCache(block_size=4)
+    cache.insert([1, 2, 3, 4, 5, 6, 7, 8], [10, 11])
+    cache.insert([1, 2, 3, 4, 5, 6, 9, 9], [10, 12])
+    cache.insert([1, 2, 3, 4, 2, 2, 2, 2], [10, 13])
+    tokens = [1, 2, 3, 4, 5, 6, 7, 0, 0]
+    match = cache.match(tokens)
+    assert match == MatchResult([10], 4)
+    assert cache.match_partial(tokens, match, len(tokens)) == PartialHit(11, 3)
+    assert cache.match_partial(tokens, match, 6) == PartialHit(11, 2)  # up to position 6
+    assert cache.match_partial(tokens, match, 4) is None  # no next token allowed
+    assert cache.match_partial([1, 2, 3, 4, 3], match, 5) is None  # no child starts with 3
+    # a whole block past the limit is a partial hit of all but the excluded tokens
+    full = [1, 2, 3, 4, 5, 6, 7, 8]
+    assert cache.match_partial(full, cache.match(full, 1), 7) == PartialHit(11, 3)
+    root = cache.match([1, 2, 9])
+    assert cache.match_partial([1, 2, 9], root, 3) == PartialHit(10, 2)
+    assert cache.match_partial([1, 2, 9], root, 3, salt="other") is None
+    assert cache.evict(1) in ([11], [12], [13])
+    cache.check_integrity()  # sorted keys follow evictions
+
+
 def test_check_integrity_catches_a_child_referenced_without_its_parent() -> None:
     cache = RadixCache(block_size=1)
     cache.insert([1, 2], [10, 11])
@@ -136,6 +158,27 @@ class RadixModel(RuleBasedStateMachine):
                 break
             expected.append(self.blocks[prefix])
         assert self.cache.match(tokens, max_blocks) == MatchResult(expected, len(expected) * 2)
+
+    @rule(tokens=st.lists(st.integers(0, 2), max_size=8), max_tokens=st.integers(0, 8))
+    def match_partial(self, tokens: list[int], max_tokens: int) -> None:
+        match = self.cache.match(tokens, max_tokens // self.bs)
+        start = match.num_tokens
+        query = tokens[start : min(start + self.bs, max_tokens)]
+        # every cached block continuing the match, by the tokens it shares with the query
+        shared = {}
+        for prefix, block_id in self.blocks.items():
+            if len(prefix) == start + self.bs and list(prefix[:start]) == tokens[:start]:
+                key, n = prefix[start:], 0
+                while n < len(query) and key[n] == query[n]:
+                    n += 1
+                shared[block_id] = n
+        best = min(max(shared.values(), default=0), self.bs - 1)
+        hit = self.cache.match_partial(tokens, match, max_tokens)
+        if best == 0:
+            assert hit is None
+        else:
+            assert hit is not None and hit.num_tokens == best
+            assert min(shared[hit.block_id], self.bs - 1) == best
 
     @rule(tokens=st.lists(st.integers(0, 2), min_size=2, max_size=8))
     def insert(self, tokens: list[int]) -> None:
