@@ -9,10 +9,10 @@ Three phases, each runnable alone (`--phases`), every one a fresh start of each 
   `--other-numerics int8,exact` adds a run per other mode, `--other-block-sizes 32` one per
   other KV block size, each with the same KV capacity in tokens), llama-server
   (`-t 2 -np 64 -c 64 x --ctx-per-slot`; tl-serve gets a KV cache of the same capacity in
-  tokens) and, when its venv exists, llama-cpp-python's server. With `--rounds N`, tl-serve
-  and llama-server are both up and each level runs on one then the other, N rounds with new
-  prompts each: a pair is minutes apart at most (this host's speed moves in phases of
-  minutes), and the targets are judged on each level's median ratio over the rounds;
+  tokens) and, when its venv exists, llama-cpp-python's server. With `--rounds N`, each
+  round starts tl-serve and llama-server afresh, both up, and runs each level on one then the
+  other, with new prompts each round: a pair is minutes apart at most (this host's speed
+  moves in phases of minutes), and the targets are judged on each level's median ratio;
 - overload: 64 clients against 16 running requests (tl-serve: max_num_seqs 16, queue 8, 429
   beyond; llama-server: 16 slots, everything else queued);
 - prefix: a shared ~1000-token system prompt, tl-serve's radix cache on and off, llama-server
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import llamacpp
-from bench.compare_load import PY, prefix_flags, run_levels, run_rounds, tl_bench, wait_quiet
+from bench.compare_load import PY, prefix_flags, run_levels, run_round, tl_bench, wait_quiet
 from bench.compare_overload import MAX_NUM_SEQS, TL_ENGINE, overload
 from bench.compare_report import results_path_for, write_results
 from bench.models import catalogue, resolve
@@ -75,8 +75,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--rounds",
         type=int,
         default=1,
-        help="levels: tl-serve and llama-server both up, every level run on each back to back, "
-        "this many rounds (new prompts each); targets judged on the median round's ratio",
+        help="levels: this many rounds, each starting tl-serve and llama-server afresh, both up, "
+        "every level run on each back to back (new prompts each round); targets judged on the "
+        "median round's ratio",
     )
     p.add_argument("--wait-load", type=float, default=0.7, help="1-min loadavg before a server")
     p.add_argument(
@@ -151,24 +152,25 @@ def levels_phase(args: argparse.Namespace, model: Path, out: Path, binary: Path)
     llama-server taking turns level by level)."""
     tokens = SLOTS * args.ctx_per_slot  # llama-server's KV capacity: tl-serve's too
     blocks = -(-tokens // EngineConfig().block_size)
-    runs = []
-    wait_quiet(args.wait_load)
-    tl = tl_serve(out, "tl-serve", model_dir=str(model), num_kv_blocks=blocks)
+    runs: list[dict[str, Any]] = []
     anchor = f"llama-server -np {SLOTS}"
     paired = args.rounds > 1
-    with contextlib.ExitStack() as stack:
-        try:
-            server = stack.enter_context(tl)
-        except RuntimeError as e:  # it refuses the model (a weight type it does not serve, say)
-            log = tl.log_path.read_text(errors="replace").strip().splitlines()[-3:]
-            runs.append({"label": tl.label, "error": f"{e}; its log ends: {' | '.join(log)}"})
-            paired = False
-        else:
-            if paired:  # llama-server up beside it: the levels alternate between the two
+    for r in range(1, args.rounds + 1):  # one round unless paired
+        wait_quiet(args.wait_load)
+        tl = tl_serve(out, "tl-serve", model_dir=str(model), num_kv_blocks=blocks)
+        with contextlib.ExitStack() as stack:
+            try:
+                server = stack.enter_context(tl)
+            except RuntimeError as e:  # it refuses the model (a weight type it does not serve)
+                log = tl.log_path.read_text(errors="replace").strip().splitlines()[-3:]
+                runs.append({"label": tl.label, "error": f"{e}; its log ends: {' | '.join(log)}"})
+                paired = paired and r > 1  # refused at once: llama-server still runs alone
+                break
+            if paired:  # both fresh each round; the levels alternate between the two
                 other = stack.enter_context(
                     llama_server(binary, out, model, SLOTS, args.ctx_per_slot, label=anchor)
                 )
-                runs += run_rounds((server, other), args, out)
+                runs += run_round((server, other), args, out, r)
             else:
                 runs += run_levels(server, args, {}, out)
     others = [("numerics", n, blocks) for n in filter(None, args.other_numerics.split(","))]

@@ -179,19 +179,21 @@ def run_levels(
     return [run_level(server, args, extra, out_dir, level) for level in levels_of(args)]
 
 
-def run_rounds(
-    servers: tuple[ServerProcess, ServerProcess], args: argparse.Namespace, out_dir: Path
+def run_round(
+    servers: tuple[ServerProcess, ServerProcess],
+    args: argparse.Namespace,
+    out_dir: Path,
+    round_: int,
 ) -> list[dict[str, Any]]:
-    """`args.rounds` rounds of every level, each level run on both servers back to back (the
-    one going first alternates by round), new prompts each round: the two figures of a pair
-    are minutes apart at most, where this host's speed moves in phases of minutes."""
+    """Round `round_` (from 1) of every level, each level run on both servers back to back
+    (the one going first alternates by round) with that round's prompts: the two figures of a
+    pair are minutes apart at most, where this host's speed moves in phases of minutes."""
     for server in servers:
         warm_up(server)
+    order = servers if round_ % 2 else servers[::-1]
     runs = []
-    for r in range(1, args.rounds + 1):
-        order = servers if r % 2 else servers[::-1]
-        for level in levels_of(args):
-            runs += [run_level(server, args, {}, out_dir, level, r) for server in order]
+    for level in levels_of(args):
+        runs += [run_level(server, args, {}, out_dir, level, round_) for server in order]
     return runs
 
 
