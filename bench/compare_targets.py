@@ -76,7 +76,8 @@ def ratios(levels: dict[str, dict[int, LevelReport]], key: str) -> list[str]:
         if m:
             by_round.setdefault(int(m[2]), {})[m[1]] = by_c
     if by_round:
-        return _rounds_table([by_round[r] for r in sorted(by_round)], key)
+        singles = {k: v for k, v in levels.items() if not _ROUND.match(k)}
+        return _rounds_table([by_round[r] for r in sorted(by_round)], key, singles)
     tl = levels.get(TL, {})
     anchor = next((by_c for label, by_c in levels.items() if label.startswith(ANCHOR)), {})
     others = {k: v for k, v in levels.items() if k != TL and not k.startswith(ANCHOR)}
@@ -114,9 +115,15 @@ def ratios(levels: dict[str, dict[int, LevelReport]], key: str) -> list[str]:
     return rows
 
 
-def _rounds_table(rounds: list[dict[str, dict[int, LevelReport]]], key: str) -> list[str]:
+def _rounds_table(
+    rounds: list[dict[str, dict[int, LevelReport]]],
+    key: str,
+    others: dict[str, dict[int, LevelReport]],
+) -> list[str]:
     """ratios() for rounds of tl-serve and llama-server taking turns: each level's figures of
-    every round, and the verdicts on the median ratio (TTFT: below in every round)."""
+    every round, and the verdicts on the median ratio (TTFT: below in every round); `others`,
+    servers run once (other numerics or block sizes), a column each: their tok/s and its
+    ratio to llama-server's median."""
     pairs = []
     for levels in rounds:
         anchor = next((v for k, v in levels.items() if k.startswith(ANCHOR)), None)
@@ -132,8 +139,8 @@ def _rounds_table(rounds: list[dict[str, dict[int, LevelReport]]], key: str) -> 
         "",
         "| concurrency | tl-serve tok/s by round | llama-server tok/s by round | ratios "
         "| median ratio | throughput target | TTFT p99 tl-serve / llama-server (ms) by round "
-        "| TTFT target |",
-        "|---:|---|---|---|---:|---|---|---|",
+        "| TTFT target |" + "".join(f" {k} tok/s (x llama-server's median) |" for k in others),
+        "|---:|---|---|---|---:|---|---|---|" + "---:|" * len(others),
     ]
     for c in sorted({c for tl, _ in pairs for c in tl}):
         both = [(tl[c], base[c]) for tl, base in pairs if c in tl and c in base]
@@ -160,11 +167,20 @@ def _rounds_table(rounds: list[dict[str, dict[int, LevelReport]]], key: str) -> 
             if c in target.ttft_below_at
             else "-"
         )
+        anchor_median = statistics.median(b.output_tokens_per_s for _, b in both)
+        extra = ""
+        for other in others.values():
+            lv = other.get(c)
+            if lv is None:
+                extra += " - |"
+                continue
+            times = lv.output_tokens_per_s / anchor_median if anchor_median > 0 else None
+            extra += f" {lv.output_tokens_per_s:.1f} ({_times(times)}) |"
         rows.append(
             f"| {c} | {', '.join(f'{lv.output_tokens_per_s:.1f}' for lv, _ in both)} "
             f"| {', '.join(f'{b.output_tokens_per_s:.1f}' for _, b in both)} "
             f"| {', '.join(_times(r) for r in got)} | {_times(median)} | {tput} "
-            f"| {'; '.join(f'{_p99(t)} / {_p99(b)}' for t, b in p99)} | {ttft} |"
+            f"| {'; '.join(f'{_p99(t)} / {_p99(b)}' for t, b in p99)} | {ttft} |{extra}"
         )
     if target_for(key) is None:
         rows.append(f"\nNo target is set for `{key}`: the ratios are for reference.")

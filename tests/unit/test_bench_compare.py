@@ -124,6 +124,11 @@ def test_rounds_are_shown_side_by_side_and_judged_on_their_median() -> None:
     assert "| 3.18x, 2.57x, 3.33x | 3.18x | yes (>= 3x) |" in at16  # the median round's
     assert at16.endswith("| 800 / 3,000; 900 / 3,100; 3,500 / 3,200 | **no** (below in 2 of 3) |")
     assert "| 2.00x, 2.00x, 2.00x | 2.00x | yes (>= 1.5x) | " in row(lines, 1)
+    # a server run once beside the rounds (another numerics mode) gets a column
+    levels["tl-serve numerics=int8"] = {16: level(16, 700.0, 700)}
+    assert row(ratios(levels, "bundled"), 16).endswith(" 700.0 (4.00x) |")  # over 175.0
+    assert row(ratios(levels, "bundled"), 1).endswith(" - |")
+    del levels["tl-serve numerics=int8"]
     # a round without its llama-server run is left out of the ratios
     del levels[round_label(anchor, 3)]
     assert "| 3.18x, 2.57x | 2.87x | **no** (>= 3x) |" in row(ratios(levels, "bundled"), 16)
