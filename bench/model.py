@@ -130,7 +130,7 @@ AFTER_PREFILL_SAMPLES = 20
 def after_prefill(runner: ModelRunner, repeat: int) -> None:
     """A batch-1 decode step right after a 512-token prefill step, each followed by one more
     decode step, its yardstick: taken in turn, the two see the same phase of this host (timed
-    apart, `decode B=1` and this line differed by 7% that an interleaved run did not show)."""
+    apart, as against `decode B=1`, they can land in different ones)."""
     prefill = prefill_calls(runner, 512)
     batch = decode_batch(1, 0, FIRST_BLOCK)
     after: list[float] = []
