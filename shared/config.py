@@ -49,11 +49,13 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_num_batched_tokens: int = 512
     prefill_chunk: int = 256  # 0 = whole prompts
     # kv cache
-    # 16: a prefix is cached in whole blocks, and a chat template's shared opening is often
-    # shorter than 32 tokens (SmolLM2's system turn: 24), so 32-token blocks cached none of
-    # it. A decode's attention pays a little per block it jumps to (the allocator keeps a
-    # table's blocks adjacent where it can, enginecore/free_blocks.py): 64 decodes over
-    # scattered blocks, 8.7 ms at 16 against 8.1 at 32 (bench/README.md).
+    # 16: chosen when the prefix cache matched whole blocks only, and a chat template's shared
+    # opening is often shorter than 32 tokens (SmolLM2's system turn: 24), which 32-token
+    # blocks never reused; partial-block hits (enginecore/radix_cache.py) now reuse it at any
+    # size, and 16 against 32 has not been measured since. A decode's attention pays a little
+    # per block it jumps to (the allocator keeps a table's blocks adjacent where it can,
+    # enginecore/free_blocks.py): 64 decodes over scattered blocks, 8.7 ms at 16 against 8.1
+    # at 32 (bench/README.md).
     block_size: int = 16
     num_kv_blocks: int = 0  # 0 = sized from kv_cache_bytes
     kv_cache_bytes: int = 1 << 30
