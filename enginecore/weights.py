@@ -75,7 +75,7 @@ ACTIVATIONS: dict[Numerics, tuple[npt.NDArray[Any], int]] = {
 
 def quantize(x: F32, numerics: Numerics) -> Activations:
     kind, qmax = ACTIVATIONS[numerics]
-    return Activations(*panels.quantize(x, kind, qmax))
+    return Activations(*panels.quantize(x, kind, qmax, threads.count()))
 
 
 @dataclass(slots=True)

@@ -32,7 +32,7 @@ PARALLEL_ROW_OPS = 16
 @njit(cache=True, nogil=True)
 def _matmul(x, kind, qmax, parts, isa, out, workers):
     # out = x @ W.T for W the stacked parts; x quantized once for every part
-    xq, xa, xb = quantize(x, kind, qmax)
+    xq, xa, xb = quantize(x, kind, qmax, workers)
     col0 = 0
     for fmt, n_rows in parts:
         int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, workers)

@@ -44,6 +44,7 @@ from enginecore.kernels.simd import (
     panel_wide_4,
     panel_wide_5,
     panel_wide_8,
+    quantize_block,
 )
 
 LANES = 16  # output rows per panel
@@ -71,8 +72,9 @@ def panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn):
             sc[j, r], mn[j, r] = sub_scales(d, dm, isc, imn, p, sps, has_min, j, r)
 
 
-# Rows quantized on one thread below this many (a parallel region costs more than they do).
-QUANTIZE_SERIAL_ROWS = 16
+# Activations quantized on one thread below this many values (~0.7 ns a value: a parallel
+# region costs ~3 us).
+QUANTIZE_SERIAL_VALUES = 1 << 14
 
 # int_matmul's workers claim panels in chunks of at least this many multiply-adds (panels x 16
 # x K x rows; one panel at least): a one-row chunk of 7 panels of K = 576 streams 35 KB; and
@@ -114,16 +116,6 @@ def act_index(xq, t, k):
     return flat // xq.shape[1], flat % xq.shape[1]
 
 
-@njit(cache=True, nogil=True, fastmath=True)
-def _abs_max(x, t, k0, n):
-    # max |x[t, k0 : k0 + n]|: fast-math lets LLVM vectorize the reduction (a maximum is the
-    # same in any order); not numba-inlined, so that the flags stay this function's own
-    m = np.float32(0.0)
-    for i in range(n):
-        m = max(m, abs(x[t, k0 + i]))
-    return m
-
-
 @njit(cache=True, nogil=True, inline="always")
 def xb_index(K, sub, j):
     # xb's row of sub-block j of `sub` (16 or 32) values, for activation rows of K values:
@@ -133,66 +125,57 @@ def xb_index(K, sub, j):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _quantize_row(x, t, qmax, xq, xa, xb, q, q_words, words):
+def _quantize_row(x, t, qmax, xq, xa, xb, words, b0, b1):
     # row t of x (n, K) float32 -> row t of xq = round(x / xa) (int8 / int16, in kernels/
     # dot.py's ACT_ROWS layout; words: xq's data as int32), column t of xa (K // act_block,
     # n), the block scales max|x| / qmax, and of xb, the sums of its dequantized values per 16
-    # and per 32 (xb_index); the same operations whatever loop runs it. q: a scratch of one block
-    # of xq's type (q_words: the same as int32), so that the rounding loop is contiguous and
-    # the stores are whole words
+    # and per 32 (xb_index), for its blocks b0 .. b1 - 1 (of act_block values); each block
+    # rounded by kernels/simd.py's quantize_block
     ab = act_block(xq)
     e = per_word(xq)
     first, rows = act_row(xq, t)
     w0 = first // e  # the row's first word (numba's // and % are Python's: hoisted by hand)
-    lo, hi = np.float32(-qmax), np.float32(qmax)
     K = x.shape[1]
-    for blk in range(K // ab):
-        amax = _abs_max(x, t, blk * ab, ab)
+    wpb = ab // e  # words per block
+    for blk in range(b0, b1):
+        amax, s0, s1 = quantize_block(x, t * K + blk * ab, qmax, xq, words,
+                                      w0 + blk * wpb * rows, rows)  # fmt: skip
         scale = amax / np.float32(qmax)
-        inv = np.float32(qmax) / amax if amax > 0 else np.float32(0.0)
-        for i in range(ab):
-            v = np.floor(x[t, blk * ab + i] * inv + np.float32(0.5))
-            q[i] = min(max(v, lo), hi)
-        total = np.int32(0)
-        for half in range(ab // 16):
-            s = np.int32(0)
-            for i in range(16):
-                s += np.int32(q[half * 16 + i])
-            xb[xb_index(K, 16, blk * (ab // 16) + half), t] = scale * np.float32(s)
-            total += s
+        xb[xb_index(K, 16, blk * (ab // 16)), t] = scale * np.float32(s0)
         if ab == 32:
-            xb[xb_index(K, 32, blk), t] = scale * np.float32(total)
+            xb[xb_index(K, 16, blk * 2 + 1), t] = scale * np.float32(s1)
+            xb[xb_index(K, 32, blk), t] = scale * np.float32(s0 + s1)
         elif blk % 2 == 1:  # int8: the two blocks' sums, added
             xb[xb_index(K, 32, blk // 2), t] = xb[blk - 1, t] + xb[blk, t]
         xa[blk, t] = scale
-        if rows == 1:  # a group of one row (one sequence's decode) is row t as it is
-            for i in range(ab):
-                xq[t, blk * ab + i] = q[i]
-            continue
-        for w in range(ab // e):
-            words[w0 + (blk * (ab // e) + w) * rows] = q_words[w]
 
 
 @njit(cache=True, nogil=True)
 def _quantize_serial(x, qmax, xq, xa, xb):
     # quantize_rows on this thread
-    q = np.empty(32, xq.dtype)
     words = xq.reshape(xq.size).view(np.int32)
+    n_blocks = x.shape[1] // act_block(xq)
     for t in range(x.shape[0]):
-        _quantize_row(x, t, qmax, xq, xa, xb, q, q.view(np.int32), words)
+        _quantize_row(x, t, qmax, xq, xa, xb, words, 0, n_blocks)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def quantize_rows(x, qmax, xq, xa, xb):
+def quantize_rows(x, qmax, xq, xa, xb, workers):
     # x (n, K) float32 -> xq (n, K) in kernels/dot.py's ACT_ROWS layout, xa (K // act_block,
-    # n), xb (K // 16 + K // 32, n): _quantize_row
-    if x.shape[0] < QUANTIZE_SERIAL_ROWS:
+    # n), xb (K // 16 + K // 32, n): _quantize_row. Many values: each worker a share of the
+    # blocks of every row, not a share of the rows: neighbouring rows' words, scales and sums
+    # share cache lines (kernels/dot.py's layout, xa's and xb's columns), and two workers
+    # writing them made a 16-row quantization 2x slower than one thread alone
+    n, K = x.shape
+    if n * K < QUANTIZE_SERIAL_VALUES or workers < 2:
         _quantize_serial(x, qmax, xq, xa, xb)
         return
     words = xq.reshape(xq.size).view(np.int32)
-    for t in prange(x.shape[0]):
-        q = np.empty(32, xq.dtype)
-        _quantize_row(x, t, qmax, xq, xa, xb, q, q.view(np.int32), words)
+    n_blocks = K // act_block(xq)
+    for w in prange(workers):
+        b0, b1 = w * n_blocks // workers, (w + 1) * n_blocks // workers
+        for t in range(n):
+            _quantize_row(x, t, qmax, xq, xa, xb, words, b0, b1)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -360,18 +343,19 @@ def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq
 
 
 @njit(cache=True, nogil=True)
-def quantize(x, kind, qmax):
+def quantize(x, kind, qmax, workers):
     # x (n, K) float32 -> (xq, xa, xb) for int_matmul, xq of kind's type: quantize_rows
+    x = np.ascontiguousarray(x)  # (quantize_block reads rows by flat offsets)
     n, K = x.shape
     xq = np.empty((n, K), kind.dtype)
     xa = np.empty((K // act_block(xq), n), np.float32)
     xb = np.empty((K // 16 + K // 32, n), np.float32)
-    quantize_rows(x, qmax, xq, xa, xb)
+    quantize_rows(x, qmax, xq, xa, xb, workers)
     return xq, xa, xb
 
 
 @njit(cache=True, nogil=True)
 def quantize_matmul(x, kind, qmax, fmt, isa, out, col0, n_rows, parts):
     # int_matmul of x (n, K) float32, quantized here to kind's type (one call, not two)
-    xq, xa, xb = quantize(x, kind, qmax)
+    xq, xa, xb = quantize(x, kind, qmax, parts)
     int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts)

@@ -152,6 +152,42 @@ def test_a_row_gets_the_same_bits_alone_in_any_batch_and_thread_split(
         np.testing.assert_array_equal(bits(alone[0]), bits(together[t]))
 
 
+def quantized_by_numpy(x: np.ndarray, blk: int, qmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows in order, scales (row, block)) of x quantized per block of blk values: amax / qmax
+    the scale, floor(x * (qmax / amax) + 0.5) clamped the value, all in float32."""
+    n, k = x.shape
+    xb = x.reshape(n, k // blk, blk)
+    amax = np.abs(xb).max(-1)
+    f = np.float32
+    inv = np.where(amax > 0, f(qmax) / np.where(amax > 0, amax, f(1)), f(0)).astype(f)
+    q = np.floor(xb * inv[..., None] + f(0.5)).clip(-qmax, qmax)
+    return q.reshape(n, k), (amax / f(qmax)).astype(f)
+
+
+@pytest.mark.parametrize("n", [1, 3, 9, 40])
+@pytest.mark.parametrize("numerics", INTEGER)
+def test_quantized_activations_equal_numpy_on_one_thread_or_split(
+    numerics: Numerics, n: int
+) -> None:
+    # 40 x 1536 values are split over the workers by blocks (panels.QUANTIZE_SERIAL_VALUES);
+    # the rest, and every size on one thread, quantized serially
+    qmax, blk = weights.ACTIVATIONS[numerics][1], BLOCK[numerics]
+    x = (RNG.standard_normal((n, 1536)) * RNG.choice([1e-3, 1.0, 40.0], (n, 1536))).astype(
+        np.float32
+    )
+    x[0, :blk] = 0  # an all-zero block
+    # ties: with amax = qmax the scale is 1 and x * inv + 0.5 an integer: halves round up
+    ties = [qmax, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5, -qmax]
+    x[0, blk : 2 * blk] = np.resize(np.float32(ties), blk)
+    want_q, want_scales = quantized_by_numpy(x, blk, qmax)
+    assert want_q[0, blk : blk + 8].tolist() == [qmax, 3, -2, 1, 0, 2, -1, -qmax]
+    for workers in (1, 2):
+        with threads.limited(workers):
+            a = weights.quantize(x, numerics)
+        np.testing.assert_array_equal(act_rows(a), want_q.astype(a.xq.dtype))
+        np.testing.assert_array_equal(a.xa, want_scales.T)
+
+
 def test_quantized_activations_round_per_block() -> None:
     x = RNG.standard_normal((2, 64)).astype(np.float32)
     x[1, 32:] = 0  # an all-zero block
