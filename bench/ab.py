@@ -16,7 +16,8 @@ the largest difference when a change altered the numerics. Only `enginecore/` co
 Cases: `steps`, ModelRunner forward steps (bench.model's decode batches of each --rows, and a
 --prefill prompt); `matmul`, the integer matmul (panels.int_matmul) of random blocks of each
 --types at the bundled model's shapes and --rows; `attention`, paged_attention over 30 layers'
-worth of calls at --rows decodes of contexts 128..256 (f16 KV cache, the default block size).
+caches at --rows decodes of contexts 128..256 (f16 KV cache, the default block size, each
+sequence's blocks one run: streamed from DRAM as in a step).
 """
 
 from __future__ import annotations
@@ -139,8 +140,10 @@ def _matmuls(
 
 
 def _attention(attention: ModuleType, work: tuple[Any, ...], i: int) -> None:
-    for _ in range(30):  # a step's layers
-        attention.paged_attention(*work, 2, 0, 0.125)
+    (qkv, seq, pos, tables, kc, vc, heads, out) = work
+    for layer in range(kc.shape[0]):  # a step's layers, each its own cache
+        attention.paged_attention(qkv, seq, seq, pos, tables, kc[layer], vc[layer], heads, out,
+                                  2, 0, 0.125)  # fmt: skip
 
 
 def steps_case(args: argparse.Namespace) -> None:
@@ -220,15 +223,18 @@ def attention_case(args: argparse.Namespace) -> None:
     for rows in args.rows:
         ctx = rng.integers(128, 256, rows)
         n_blocks = int(sum(-(-c // bs) for c in ctx))
-        k_cache = rng.standard_normal((n_blocks, kv_heads, head_dim, bs)).astype(np.float16)
-        v_cache = rng.standard_normal((n_blocks, bs, kv_heads, head_dim)).astype(np.float16)
-        kc, vc = k_cache.view(np.uint16), v_cache.view(np.uint16)
-        perm = rng.permutation(n_blocks).astype(np.int32)
+        # 30 layers' caches, each sequence's blocks one run (enginecore/free_blocks.py keeps
+        # a table's blocks adjacent where it can), the runs in random order over the pool: a
+        # step's attention streams K and V from DRAM as in the engine (one layer's cache
+        # reused 30 times stayed in L3 and measured compute alone)
+        shape = (30, n_blocks, kv_heads, head_dim, bs)
+        kc = rng.standard_normal(shape, np.float32).astype(np.float16).view(np.uint16)
+        vc = np.ascontiguousarray(kc.transpose(0, 1, 4, 2, 3))  # (layer, block, bs, kv, dim)
         tables = np.zeros((rows, -(-int(ctx.max()) // bs)), np.int32)
         used = 0
-        for s, c in enumerate(ctx):
-            n = -(-int(c) // bs)
-            tables[s, :n] = perm[used : used + n]
+        for s in rng.permutation(rows):
+            n = -(-int(ctx[s]) // bs)
+            tables[s, :n] = np.arange(used, used + n)
             used += n
         qkv = (3 * rng.standard_normal((rows, (heads + 2 * kv_heads) * head_dim))).astype(
             np.float32
@@ -236,7 +242,7 @@ def attention_case(args: argparse.Namespace) -> None:
         seq, pos = np.arange(rows, dtype=np.int32), (ctx - 1).astype(np.int32)
         outs = {side: np.empty((rows, heads * head_dim), np.float32) for side in mods}
         calls = {
-            s: partial(_attention, mods[s], (qkv, seq, seq, pos, tables, kc, vc, heads, outs[s]))
+            s: partial(_attention, mods[s], (qkv, seq, pos, tables, kc, vc, heads, outs[s]))
             for s in mods
         }
         for call in calls.values():
