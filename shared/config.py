@@ -52,7 +52,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # 16: chosen when the prefix cache matched whole blocks only, and a chat template's shared
     # opening is often shorter than 32 tokens (SmolLM2's system turn: 24), which 32-token
     # blocks never reused; partial-block hits (enginecore/radix_cache.py) now reuse it at any
-    # size, and 16 against 32 has not been measured since. A decode's attention pays a little
+    # size, and decode steps measured 16 and 32 alike since (32 / 16: 0.95-1.04 from 1 to 64
+    # sequences, bench/README.md), so 16 stays. A decode's attention pays a little
     # per block it jumps to (the allocator keeps a table's blocks adjacent where it can,
     # enginecore/free_blocks.py): 64 decodes over scattered blocks, 8.7 ms at 16 against 8.1
     # at 32 (bench/README.md).
