@@ -91,9 +91,13 @@ def _call(b: ir.IRBuilder, name: str, ret: ir.Type, *args: ir.Value) -> ir.Value
 llvm.initialize_native_asmparser()  # for the inline assembly below
 
 
-def _dpwssd(b: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.Value:
-    """acc + the pairwise int16 products of w and the activation pair at x (i8*) broadcast,
-    as one vpdpwssd (512-bit) with its broadcast from memory: `vpdpwssd (x){1to16}`.
+def _dpwssd(b: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value, disp: int = 0) -> ir.Value:
+    """acc + the pairwise int16 products of w and the activation pair at x + disp bytes (x
+    i8*) broadcast, as one vpdpwssd (512-bit) with its broadcast from memory:
+    `vpdpwssd disp(x){1to16}`. The displacement is written into the instruction, so that the
+    many multiply-adds of a sub-block share one base register: with each address its own
+    operand LLVM computed every one with a lea (128 a sub-block of 8 rows, more than the rest
+    of its instructions together).
 
     Inline assembly, because LLVM splits the intrinsic into vpmaddwd + vpaddd on the hosts it
     tunes for. The broadcast is part of the instruction: with the pair broadcast into a
@@ -102,7 +106,8 @@ def _dpwssd(b: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.Valu
     --base 5f7e7f9, same bits). The activations are read through x without LLVM knowing:
     nothing in a kernel writes them."""
     ty = ir.FunctionType(acc.type, [acc.type, w.type, x.type])
-    return b.asm(ty, "vpdpwssd ($3){1to16}, $2, $0", "=v,0,v,r", [acc, w, x], False)
+    at = f"{disp}($3)" if disp else "($3)"
+    return b.asm(ty, f"vpdpwssd {at}{{1to16}}, $2, $0", "=v,0,v,r", [acc, w, x], False)
 
 
 # Quantized activations (n, K) are interleaved by 4-byte word in groups of ACT_ROWS rows, the
@@ -182,15 +187,21 @@ class Emitter:
     def _add(self, i: int, v: ir.Value) -> None:
         self.b.store(self.b.add(self.b.load(self.acc[i]), v), self.acc[i])
 
-    def piece(self, w: ir.Value, x: ir.Value, x_off: ir.Value) -> None:
+    def piece(self, w: ir.Value, x: ir.Value, x_off: ir.Value | int) -> None:
         """Rows' next il weights (w: 16 * il bytes, or with int16 activations 32 words) times
-        il activations (4 bytes at x_off of x)."""
+        il activations (4 bytes at x_off of x: a value, or a constant)."""
         b, isa = self.b, self.isa
         if self.int16 and w.type == vec(I8, 32):
             w = b.zext(w, vec(I16, 32))  # 8-bit weights widened to words
         if isa == Isa.AVX512_VNNI and self.int16:  # the pair broadcast from memory
-            b.store(_dpwssd(b, b.load(self.acc[0]), w, b.gep(x, [x_off])), self.acc[0])
+            acc = b.load(self.acc[0])
+            if isinstance(x_off, int):
+                b.store(_dpwssd(b, acc, w, x, x_off), self.acc[0])
+            else:
+                b.store(_dpwssd(b, acc, w, b.gep(x, [x_off])), self.acc[0])
             return
+        if isinstance(x_off, int):
+            x_off = ir.Constant(I64, x_off)
         x32 = load_at(b, x, x_off, I32)
         if isa == Isa.AVX512_VNNI:
             r = _call(b, "llvm.x86.avx512.vpdpbusd.512", vec(I32, 16), b.load(self.acc[0]), w,
@@ -339,16 +350,18 @@ def lane_values(
 
 
 def accumulate_groups(
-    b: ir.IRBuilder, rows: list[tuple[Emitter, ir.Value]], four_bit: bool, w: ir.Value,
+    b: ir.IRBuilder, rows: list[tuple[Emitter, ir.Value, int]], four_bit: bool, w: ir.Value,
     n_groups: int, stride: ir.Value, ahead: int = 0, hb: ir.Value | None = None,
 ) -> None:  # fmt: skip
     """Add the panel rows' integer dot products over n_groups groups from w to each
-    (accumulators, activations) pair of `rows` (the activations' words `stride` bytes apart:
-    ACT_ROWS' layout): one weight load and unpack for all of them; 5-bit weights with their
+    (accumulators, activations, byte offset of the row's first word from them) of `rows`
+    (the activations' words `stride` bytes apart: ACT_ROWS' layout; a constant stride makes
+    every offset a constant): one weight load and unpack for all of them; 5-bit weights with their
     fifth bits from hb (the module's docstring). `ahead` > 0: each cache line's load first
     asks for the one `ahead` bytes further (of hb's, as many groups ahead).
     Straight-line code (a sub-block's few groups), consecutive pieces on consecutive chains."""
     first = rows[0][0]
+    const = isinstance(stride, ir.Constant)
     group_bytes, k_per_group = group_layout(first.int16, four_bit)
     elem = 2 if first.int16 else 1
     pieces = 0
@@ -391,9 +404,12 @@ def accumulate_groups(
                 parts[i] = (with_high(b, part, hb, at, high[i], wide), x_word, plane)
                 at += part.type.count // 8
         for part, x_word, plane in parts:
-            x_off = b.mul(stride, ir.Constant(I64, x_word))
-            for em, x in rows:
+            x_off = None if const else b.mul(stride, ir.Constant(I64, x_word))
+            for em, x, row_off in rows:
                 em.chain = pieces % em.chains
                 em.plane = plane if len(em.shifts) > 1 else 0
-                em.piece(part, x, x_off)
+                if x_off is None:
+                    em.piece(part, x, stride.constant * x_word + row_off)
+                else:
+                    em.piece(part, x, b.add(x_off, ir.Constant(I64, row_off)) if row_off else x_off)
             pieces += 1

@@ -177,13 +177,12 @@ def _emit_sub_rows(
                                          ir.Constant(I64, h * gpp * group_bytes))])  # fmt: skip
                 # the rows' activations from k0 (word k0 * elem / 4): constant offsets
                 x0 = b.gep(r["x"], [b.mul(b.udiv(k0, ir.Constant(I64, 4 // elem)), stride)])
-                xs = [b.gep(x0, [ir.Constant(I64, 4 * t)]) for t in range(rows)]
+                xs = [(em, x0, 4 * t) for t, em in enumerate(ems)]
                 hb = None
                 if five:  # the fifth bits of the same groups
                     hb = b.gep(r["hb"], [b.add(b.mul(j, ir.Constant(I64, gpsub * HIGH_BYTES)),
                                                ir.Constant(I64, h * gpp * HIGH_BYTES))])  # fmt: skip
-                accumulate_groups(b, list(zip(ems, xs, strict=True)), four_bit, w, gpp, stride,
-                                  ahead, hb)  # fmt: skip
+                accumulate_groups(b, xs, four_bit, w, gpp, stride, ahead, hb)
                 # the rows' scales: one column of xa, its rows at constant offsets
                 xa = b.gep(r["xa"], [b.mul(b.udiv(k0, ir.Constant(I64, ab)), n_act)])
                 for t, em in enumerate(ems):
