@@ -49,27 +49,47 @@ COUNTER_SLOT = 8
 SHARES_DONE = 0
 
 
-def _fetch_add(typingctx: Any, c: Any, s: Any, n: Any) -> Any:
-    """c[s, COUNTER_SLOT] += n atomically; the value before (int64). n = 0 reads it."""
-    if not (isinstance(c, types.Array) and c.dtype == types.int64 and c.ndim == 2):
-        return None
-    if not (isinstance(s, types.Integer) and isinstance(n, types.Integer)):
-        return None
+def _fetch_add(ordering: str) -> Any:
+    def typer(typingctx: Any, c: Any, s: Any, n: Any) -> Any:
+        """c[s, COUNTER_SLOT] += n atomically; the value before (int64). n = 0 reads it."""
+        if not (isinstance(c, types.Array) and c.dtype == types.int64 and c.ndim == 2):
+            return None
+        if not (isinstance(s, types.Integer) and isinstance(n, types.Integer)):
+            return None
 
-    def codegen(context: Any, b: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        i64 = ir.IntType(64)
-        arr = context.make_array(sig.args[0])(context, b, args[0])
-        row, add = (
-            context.cast(b, v, t, types.int64) for v, t in zip(args[1:], sig.args[1:], strict=True)
-        )
-        at = b.add(b.mul(row, ir.Constant(i64, 2 * COUNTER_SLOT)), ir.Constant(i64, COUNTER_SLOT))
-        # monotonic: the counter alone needs no order; the region's end orders the results
-        return b.atomic_rmw("add", b.gep(arr.data, [at]), add, "monotonic")
+        def codegen(context: Any, b: ir.IRBuilder, sig: Any, args: Any) -> Any:
+            i64 = ir.IntType(64)
+            arr = context.make_array(sig.args[0])(context, b, args[0])
+            row, add = (
+                context.cast(b, v, t, types.int64)
+                for v, t in zip(args[1:], sig.args[1:], strict=True)
+            )
+            at = b.add(
+                b.mul(row, ir.Constant(i64, 2 * COUNTER_SLOT)), ir.Constant(i64, COUNTER_SLOT)
+            )
+            return b.atomic_rmw("add", b.gep(arr.data, [at]), add, ordering)
 
-    return types.int64(c, s, n), codegen
+        return types.int64(c, s, n), codegen
+
+    return intrinsic(typer)
 
 
-fetch_add: Any = intrinsic(_fetch_add)
+# monotonic: a claim's counter alone needs no order; the region's end orders the results
+fetch_add: Any = _fetch_add("monotonic")
+# acq_rel: what a worker wrote before adding is seen by a worker that reads the sum after
+# (counting finished items, so that a worker waits for a phase's items rather than for the
+# other worker: done_wait)
+sync_add: Any = _fetch_add("acq_rel")
+
+
+@njit(cache=True, nogil=True, inline="always")
+def done_wait(c, n_items):
+    # spin until c's counter 0 has counted n_items finished items (each sync_add(c, 0, 1)
+    # after its item's writes). Items are claimed from every share, so a worker that waits
+    # has claimed all it could: the rest are being finished by the others, and a lone worker
+    # (both prange iterations on one thread) finishes them all before it gets here
+    while sync_add(c, 0, 0) < n_items:
+        pass
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -20,7 +20,7 @@ from numba import njit
 
 from enginecore.kernels import ops
 from enginecore.kernels.attention import paged_attention, store_kv
-from enginecore.kernels.panels import int_matmul, quantize
+from enginecore.kernels.panels import int_matmul, quantize_matmul
 
 # Steps of at least this many rows split RoPE, the activation and the norms over the workers
 # too (a parallel region costs ~2 us; a row of the bundled model's silu_mul ~1.1 us, of RoPE
@@ -31,11 +31,13 @@ PARALLEL_ROW_OPS = 16
 
 @njit(cache=True, nogil=True)
 def _matmul(x, kind, qmax, parts, isa, out, workers):
-    # out = x @ W.T for W the stacked parts; x quantized once for every part
-    xq, xa, xb = quantize(x, kind, qmax, workers)
+    # out = x @ W.T for W the stacked parts; x quantized once for every part, in the first
+    # part's parallel region
+    xq, xa, xb = quantize_matmul(x, kind, qmax, parts[0][0], isa, out, 0, parts[0][1], workers)
     col0 = 0
-    for fmt, n_rows in parts:
-        int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, workers)
+    for fmt, n_rows in parts:  # (an empty tuple, parts[1:] of one part, does not type)
+        if col0 > 0:
+            int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, workers)
         col0 += n_rows
 
 

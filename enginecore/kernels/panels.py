@@ -28,7 +28,14 @@ kernels/dequant.py.
 import numpy as np
 from numba import njit, prange
 
-from enginecore.kernels.claim import counters, next_item, num_chunks, shares_to_claim
+from enginecore.kernels.claim import (
+    counters,
+    done_wait,
+    next_item,
+    num_chunks,
+    shares_to_claim,
+    sync_add,
+)
 from enginecore.kernels.dot import ACT_ROWS, HIGH_BYTES
 from enginecore.kernels.f16 import f16_bits_to_f32
 from enginecore.kernels.simd import (
@@ -75,6 +82,12 @@ def panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn):
 # Activations quantized on one thread below this many values (~0.7 ns a value: a parallel
 # region costs ~3 us).
 QUANTIZE_SERIAL_VALUES = 1 << 14
+
+# quantize_matmul quantizes inside the matmul's parallel region from this many values on;
+# fewer (a decode of a few sequences: 1 x 576 takes ~0.5 us) are quantized on the calling
+# thread first: claimed in the region, with the workers' waits, decode steps of one sequence
+# took 1.04-1.06x the time (bench.ab), those of 16 0.96-0.97x
+FUSED_QUANTIZE_VALUES = 1 << 12
 
 # int_matmul's workers claim panels in chunks of at least this many multiply-adds (panels x 16
 # x K x rows; one panel at least): a one-row chunk of 7 panels of K = 576 streams 35 KB; and
@@ -163,7 +176,8 @@ def _quantize_serial(x, qmax, xq, xa, xb):
 def quantize_rows(x, qmax, xq, xa, xb, workers):
     # x (n, K) float32 -> xq (n, K) in kernels/dot.py's ACT_ROWS layout, xa (K // act_block,
     # n), xb (K // 16 + K // 32, n): _quantize_row. Many values: each worker a share of the
-    # blocks of every row, not a share of the rows: neighbouring rows' words, scales and sums
+    # 32-value units of every row (int8's second block of 16 adds the first's sum), not a
+    # share of the rows: neighbouring rows' words, scales and sums
     # share cache lines (kernels/dot.py's layout, xa's and xb's columns), and two workers
     # writing them made a 16-row quantization 2x slower than one thread alone
     n, K = x.shape
@@ -171,11 +185,12 @@ def quantize_rows(x, qmax, xq, xa, xb, workers):
         _quantize_serial(x, qmax, xq, xa, xb)
         return
     words = xq.reshape(xq.size).view(np.int32)
-    n_blocks = K // act_block(xq)
+    per = 32 // act_block(xq)  # blocks of a 32-value unit (int8's pair: xb sums both)
+    n_units = K // 32
     for w in prange(workers):
-        b0, b1 = w * n_blocks // workers, (w + 1) * n_blocks // workers
+        u0, u1 = w * n_units // workers, (w + 1) * n_units // workers
         for t in range(n):
-            _quantize_row(x, t, qmax, xq, xa, xb, words, b0, b1)
+            _quantize_row(x, t, qmax, xq, xa, xb, words, u0 * per, u1 * per)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -289,28 +304,33 @@ def _int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts, claimed):
     # the sum over sub-blocks of sc * xa * S + c * xb (kernels/simd.py's docstring: its order
     # and roundings), S the exact int32 sum of v * xq over each activation block inside the
     # sub-block: kernels/simd.py's panel_row, or the same arithmetic in plain loops (isa 0)
+    for w in prange(parts):
+        _matmul_worker(w, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, claimed)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _matmul_worker(w, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, claimed):
+    # worker w's panels of _int_matmul: chunks of panels, claimed as it goes (kernels/claim.py)
     lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min = fmt
     n, K = xq.shape
     P = lanes.shape[0]
     n_sub = K // sub
     panel_bytes = lanes.shape[1] * lanes.itemsize
     five = hb.shape[1] > 0
-    # chunks of panels, claimed by the workers as they go (kernels/claim.py)
     n_chunks = num_chunks(P, parts, LANES * K * n, CHUNK_MACS, CLAIMED_MACS)
-    for w in prange(parts):
-        s16 = np.empty(LANES, np.int32)
-        psum = np.empty(LANES, np.float32)
-        acc = np.empty(WIDE * LANES, np.float32)
-        sc = np.empty((n_sub, LANES), np.float32)
-        mn = np.empty((n_sub, LANES), np.float32)
-        while True:
-            chunk = next_item(claimed, w, n_chunks, shares_to_claim(n_chunks, parts))
-            if chunk < 0:
-                break
-            for p in range(chunk * P // n_chunks, (chunk + 1) * P // n_chunks):
-                _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq,
-                       xa, xb, p, n_sub, panel_bytes, five, s16, psum, acc, sc, mn, out, col0,
-                       n_rows)  # fmt: skip
+    s16 = np.empty(LANES, np.int32)
+    psum = np.empty(LANES, np.float32)
+    acc = np.empty(WIDE * LANES, np.float32)
+    sc = np.empty((n_sub, LANES), np.float32)
+    mn = np.empty((n_sub, LANES), np.float32)
+    while True:
+        chunk = next_item(claimed, w, n_chunks, shares_to_claim(n_chunks, parts))
+        if chunk < 0:
+            break
+        for p in range(chunk * P // n_chunks, (chunk + 1) * P // n_chunks):
+            _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq, xa,
+                   xb, p, n_sub, panel_bytes, five, s16, psum, acc, sc, mn, out, col0,
+                   n_rows)  # fmt: skip
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -356,6 +376,42 @@ def quantize(x, kind, qmax, workers):
 
 @njit(cache=True, nogil=True)
 def quantize_matmul(x, kind, qmax, fmt, isa, out, col0, n_rows, parts):
-    # int_matmul of x (n, K) float32, quantized here to kind's type (one call, not two)
-    xq, xa, xb = quantize(x, kind, qmax, parts)
-    int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts)
+    # int_matmul of x (n, K) float32, quantized to kind's type in the same parallel region
+    # (_quantize_int_matmul); returns the quantized activations (xq, xa, xb) for further
+    # matrices of the same input
+    x = np.ascontiguousarray(x)  # (quantize_block reads rows by flat offsets)
+    n, K = x.shape
+    xq = np.empty((n, K), kind.dtype)
+    xa = np.empty((K // act_block(xq), n), np.float32)
+    xb = np.empty((K // 16 + K // 32, n), np.float32)
+    if n * K < FUSED_QUANTIZE_VALUES:
+        _quantize_serial(x, qmax, xq, xa, xb)
+        _int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts, counters(parts))
+    else:
+        _quantize_int_matmul(x, qmax, xq, xa, xb, fmt, isa, out, col0, n_rows, parts,
+                             counters(parts), counters(parts), counters(1))  # fmt: skip
+    return xq, xa, xb
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _quantize_int_matmul(x, qmax, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, c_quant,
+                         c_panels, done):  # fmt: skip
+    # quantize_rows then _int_matmul, one region: the workers claim blocks of activations
+    # (every row's) from any share, wait until all are quantized (kernels/claim.py's
+    # done_wait), then claim panels. A region's fork and join cost ~2.5 us, and below
+    # QUANTIZE_SERIAL_VALUES the quantization ran on one thread while the other waited.
+    # An item is 32 values of every row: int8's second block of 16 adds the first's sum
+    n, K = x.shape
+    per = 32 // act_block(xq)  # blocks of a 32-value unit (int8's pair: xb sums both)
+    n_units = K // 32
+    for w in prange(parts):
+        words = xq.reshape(xq.size).view(np.int32)
+        while True:
+            u = next_item(c_quant, w, n_units, parts)
+            if u < 0:
+                break
+            for t in range(n):
+                _quantize_row(x, t, qmax, xq, xa, xb, words, u * per, (u + 1) * per)
+            sync_add(done, 0, 1)
+        done_wait(done, n_units)
+        _matmul_worker(w, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, c_panels)

@@ -169,12 +169,12 @@ def quantized_by_numpy(x: np.ndarray, blk: int, qmax: int) -> tuple[np.ndarray, 
 def test_quantized_activations_equal_numpy_on_one_thread_or_split(
     numerics: Numerics, n: int
 ) -> None:
-    # 40 x 1536 values are split over the workers by blocks (panels.QUANTIZE_SERIAL_VALUES);
-    # the rest, and every size on one thread, quantized serially
+    # 40 x 1056 values are split over the workers by 32-value units (panels.
+    # QUANTIZE_SERIAL_VALUES; 33 units: an odd number of int8 blocks a share, whose pairs'
+    # sums must not straddle two workers); the rest, and every size on one thread, serially
     qmax, blk = weights.ACTIVATIONS[numerics][1], BLOCK[numerics]
-    x = (RNG.standard_normal((n, 1536)) * RNG.choice([1e-3, 1.0, 40.0], (n, 1536))).astype(
-        np.float32
-    )
+    k = 1056
+    x = (RNG.standard_normal((n, k)) * RNG.choice([1e-3, 1.0, 40.0], (n, k))).astype(np.float32)
     x[0, :blk] = 0  # an all-zero block
     # ties: with amax = qmax the scale is 1 and x * inv + 0.5 an integer: halves round up
     ties = [qmax, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5, -qmax]
@@ -186,6 +186,13 @@ def test_quantized_activations_equal_numpy_on_one_thread_or_split(
             a = weights.quantize(x, numerics)
         np.testing.assert_array_equal(act_rows(a), want_q.astype(a.xq.dtype))
         np.testing.assert_array_equal(a.xa, want_scales.T)
+        sums = want_q.reshape(n, k // 16, 16).sum(-1).astype(np.float32)
+        per16 = (np.repeat(want_scales, blk // 16, axis=1) * sums).T
+        if blk == 32:
+            per32 = (want_scales * (sums[:, 0::2] + sums[:, 1::2])).T
+        else:
+            per32 = per16[0::2] + per16[1::2]
+        np.testing.assert_array_equal(a.xb, np.concatenate([per16, per32]))
 
 
 def test_quantized_activations_round_per_block() -> None:
