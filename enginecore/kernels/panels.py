@@ -396,9 +396,9 @@ def quantize_matmul(x, kind, qmax, fmt, isa, out, col0, n_rows, parts):
 @njit(parallel=True, cache=True, nogil=True)
 def _quantize_int_matmul(x, qmax, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, c_quant,
                          c_panels, done):  # fmt: skip
-    # quantize_rows then _int_matmul, one region: the workers claim blocks of activations
-    # (every row's) from any share, wait until all are quantized (kernels/claim.py's
-    # done_wait), then claim panels. A region's fork and join cost ~2.5 us, and below
+    # quantize_rows then _int_matmul, one region: the workers claim 32-value units of
+    # activations (every row's) from any share, wait until all are quantized (kernels/
+    # claim.py's done_wait), then claim panels. A region's fork and join cost ~2.5 us, and below
     # QUANTIZE_SERIAL_VALUES the quantization ran on one thread while the other waited.
     # An item is 32 values of every row: int8's second block of 16 adds the first's sum
     n, K = x.shape
