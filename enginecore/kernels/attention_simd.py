@@ -26,7 +26,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from enginecore.kernels.dot import host_features
+from enginecore.kernels.dot import host_features, prefetch_line
 from enginecore.kernels.f16 import kv_load
 from enginecore.kernels.simd import f16x16, fma, fma32, splat_f
 
@@ -59,14 +59,6 @@ def _i64(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
     return b.sext(v, I64) if v.type.width < 64 else v
 
 
-def _prefetch(b: ir.IRBuilder, p: ir.Value) -> None:
-    """Ask for the cache line at p (read, kept in every level): no fault, no result."""
-    i32 = ir.IntType(32)
-    fnty = ir.FunctionType(ir.VoidType(), [p.type, i32, i32, i32])
-    fn = b.module.declare_intrinsic("llvm.prefetch.p0", fnty=fnty)
-    b.call(fn, [p, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-
-
 def _emit_tile(
     b: ir.IRBuilder, f16: bool, accumulate: bool, heads: int, nv: int, r: dict[str, ir.Value]
 ) -> None:
@@ -96,7 +88,7 @@ def _emit_tile(
         with b.if_then(r["prefetch"], likely=True):
             ahead = b.gep(r["pf"], [b.mul(i, r["kv_stride"])])
             for line in lines:
-                _prefetch(b, b.gep(ahead, [ir.Constant(I64, line)]))
+                prefetch_line(b, b.gep(ahead, [ir.Constant(I64, line)]))
         for g in range(heads):
             at = b.add(b.mul(ir.Constant(I64, g), r["x_stride"]), i)
             xv = splat_f(b, b.load(b.gep(r["x"], [at])))

@@ -284,13 +284,19 @@ def _part8(b: ir.IRBuilder, w: ir.Value, start: int, n: int) -> ir.Value:
 PREFETCH_BYTES = 2048
 
 
-def prefetch(b: ir.IRBuilder, base: ir.Value, offset: int) -> None:
-    """Ask for the cache line `offset` bytes after base (a read, kept in every cache level);
-    a hint only, which never faults, even past the end of an array."""
-    ptr = b.gep(base, [ir.Constant(I64, offset)])
+def prefetch_line(b: ir.IRBuilder, p: ir.Value) -> None:
+    """Ask for the cache line holding p (a read, kept in every cache level); a hint only,
+    which never faults, even past the end of an array. The pointer goes as an i8*: one
+    module (a fused layer inlines the matmuls and attention) declares the intrinsic once."""
+    ptr = b.bitcast(p, ir.IntType(8).as_pointer())
     fnty = ir.FunctionType(ir.VoidType(), [ptr.type, I32, I32, I32])
     fn = b.module.declare_intrinsic("llvm.prefetch.p0", fnty=fnty)
     b.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
+
+def prefetch(b: ir.IRBuilder, base: ir.Value, offset: int) -> None:
+    """prefetch_line of the byte `offset` bytes after base."""
+    prefetch_line(b, b.gep(base, [ir.Constant(I64, offset)]))
 
 
 def with_high(

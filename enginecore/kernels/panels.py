@@ -172,25 +172,23 @@ def _quantize_serial(x, qmax, xq, xa, xb):
         _quantize_row(x, t, qmax, xq, xa, xb, words, 0, n_blocks)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def quantize_rows(x, qmax, xq, xa, xb, workers):
     # x (n, K) float32 -> xq (n, K) in kernels/dot.py's ACT_ROWS layout, xa (K // act_block,
-    # n), xb (K // 16 + K // 32, n): _quantize_row. Many values: each worker a share of the
-    # 32-value units of every row (int8's second block of 16 adds the first's sum), not a
-    # share of the rows: neighbouring rows' words, scales and sums
+    # n), xb (K // 16 + K // 32, n): _quantize_row. Many values: the workers claim 32-value
+    # units of every row (quantize_units), not rows: neighbouring rows' words, scales and sums
     # share cache lines (kernels/dot.py's layout, xa's and xb's columns), and two workers
     # writing them made a 16-row quantization 2x slower than one thread alone
-    n, K = x.shape
-    if n * K < QUANTIZE_SERIAL_VALUES or workers < 2:
+    if x.size < QUANTIZE_SERIAL_VALUES or workers < 2:
         _quantize_serial(x, qmax, xq, xa, xb)
-        return
-    words = xq.reshape(xq.size).view(np.int32)
-    per = 32 // act_block(xq)  # blocks of a 32-value unit (int8's pair: xb sums both)
-    n_units = K // 32
-    for w in prange(workers):
-        u0, u1 = w * n_units // workers, (w + 1) * n_units // workers
-        for t in range(n):
-            _quantize_row(x, t, qmax, xq, xa, xb, words, u0 * per, u1 * per)
+    else:
+        _quantize_claimed(x, qmax, xq, xa, xb, counters(workers))
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _quantize_claimed(x, qmax, xq, xa, xb, claimed):
+    for w in prange(claimed.shape[0]):
+        quantize_units(w, x, qmax, xq, xa, xb, claimed)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -362,14 +360,20 @@ def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq
         t += rows
 
 
+@njit(cache=True, nogil=True, inline="always")
+def act_buffers(n, K, kind):
+    # (xq, xa, xb) for n activation rows of K values quantized to kind's type (quantize_rows)
+    xq = np.empty((n, K), kind.dtype)
+    xa = np.empty((K // act_block(xq), n), np.float32)
+    xb = np.empty((K // 16 + K // 32, n), np.float32)
+    return xq, xa, xb
+
+
 @njit(cache=True, nogil=True)
 def quantize(x, kind, qmax, workers):
     # x (n, K) float32 -> (xq, xa, xb) for int_matmul, xq of kind's type: quantize_rows
     x = np.ascontiguousarray(x)  # (quantize_block reads rows by flat offsets)
-    n, K = x.shape
-    xq = np.empty((n, K), kind.dtype)
-    xa = np.empty((K // act_block(xq), n), np.float32)
-    xb = np.empty((K // 16 + K // 32, n), np.float32)
+    xq, xa, xb = act_buffers(x.shape[0], x.shape[1], kind)
     quantize_rows(x, qmax, xq, xa, xb, workers)
     return xq, xa, xb
 
@@ -380,17 +384,32 @@ def quantize_matmul(x, kind, qmax, fmt, isa, out, col0, n_rows, parts):
     # (_quantize_int_matmul); returns the quantized activations (xq, xa, xb) for further
     # matrices of the same input
     x = np.ascontiguousarray(x)  # (quantize_block reads rows by flat offsets)
-    n, K = x.shape
-    xq = np.empty((n, K), kind.dtype)
-    xa = np.empty((K // act_block(xq), n), np.float32)
-    xb = np.empty((K // 16 + K // 32, n), np.float32)
-    if n * K < FUSED_QUANTIZE_VALUES:
+    xq, xa, xb = act_buffers(x.shape[0], x.shape[1], kind)
+    if x.size < FUSED_QUANTIZE_VALUES:
         _quantize_serial(x, qmax, xq, xa, xb)
-        _int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts, counters(parts))
+        int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts)
     else:
         _quantize_int_matmul(x, qmax, xq, xa, xb, fmt, isa, out, col0, n_rows, parts,
                              counters(parts), counters(parts), counters(1))  # fmt: skip
     return xq, xa, xb
+
+
+@njit(cache=True, nogil=True, inline="always")
+def quantize_units(w, x, qmax, xq, xa, xb, claimed):
+    # worker w's share of quantize_rows, claimed as it goes: 32-value units of every row (int8's
+    # second block of 16 adds the first's sum, so a unit is both); returns how many it did
+    per = 32 // act_block(xq)  # blocks of a unit
+    n_units = x.shape[1] // 32
+    words = xq.reshape(xq.size).view(np.int32)
+    done = 0
+    while True:
+        u = next_item(claimed, w, n_units, claimed.shape[0])
+        if u < 0:
+            break
+        for t in range(x.shape[0]):
+            _quantize_row(x, t, qmax, xq, xa, xb, words, u * per, (u + 1) * per)
+        done += 1
+    return done
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -401,17 +420,7 @@ def _quantize_int_matmul(x, qmax, xq, xa, xb, fmt, isa, out, col0, n_rows, parts
     # claim.py's done_wait), then claim panels. A region's fork and join cost ~2.5 us, and below
     # QUANTIZE_SERIAL_VALUES the quantization ran on one thread while the other waited.
     # An item is 32 values of every row: int8's second block of 16 adds the first's sum
-    n, K = x.shape
-    per = 32 // act_block(xq)  # blocks of a 32-value unit (int8's pair: xb sums both)
-    n_units = K // 32
     for w in prange(parts):
-        words = xq.reshape(xq.size).view(np.int32)
-        while True:
-            u = next_item(c_quant, w, n_units, parts)
-            if u < 0:
-                break
-            for t in range(n):
-                _quantize_row(x, t, qmax, xq, xa, xb, words, u * per, (u + 1) * per)
-            sync_add(done, 0, 1)
-        done_wait(done, n_units)
+        sync_add(done, 0, quantize_units(w, x, qmax, xq, xa, xb, c_quant))
+        done_wait(done, x.shape[1] // 32)
         _matmul_worker(w, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, c_panels)

@@ -67,9 +67,10 @@ def _fma32(typingctx: Any, x: Any, y: Any, z: Any) -> Any:
 fma32: Any = intrinsic(_fma32)
 
 
-def splat_f(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
-    u = b.insert_element(ir.Constant(vec(F32, 16), ir.Undefined), v, ir.Constant(I32, 0))
-    return b.shuffle_vector(u, u, ir.Constant(vec(I32, 16), [0] * 16))
+def splat_f(b: ir.IRBuilder, v: ir.Value, n: int = 16) -> ir.Value:
+    """A float32 repeated over n lanes."""
+    u = b.insert_element(ir.Constant(vec(F32, n), ir.Undefined), v, ir.Constant(I32, 0))
+    return b.shuffle_vector(u, u, ir.Constant(vec(I32, n), [0] * n))
 
 
 def f16x16(b: ir.IRBuilder, f16s: ir.Value) -> ir.Value:
@@ -361,9 +362,9 @@ def _quantize_block(
         inv = b.select(b.fcmp_ordered(">", amax, ir.Constant(F32, 0.0)), b.fdiv(qf, amax),
                        ir.Constant(F32, 0.0))  # fmt: skip
         # floor(x * inv + 0.5) clamped as numba's max(v, lo), min(v, hi) select: unfused
-        v = b.fadd(b.fmul(xs, _splat_n(b, inv, n)), _splat_n(b, ir.Constant(F32, 0.5), n))
+        v = b.fadd(b.fmul(xs, splat_f(b, inv, n)), splat_f(b, ir.Constant(F32, 0.5), n))
         v = call(f"llvm.floor.v{n}f32", xv_ty, v)
-        lo, hi = _splat_n(b, b.fneg(qf), n), _splat_n(b, qf, n)
+        lo, hi = splat_f(b, b.fneg(qf), n), splat_f(b, qf, n)
         v = b.select(b.fcmp_ordered(">", lo, v), lo, v)
         v = b.select(b.fcmp_ordered("<", hi, v), hi, v)
         qv = b.fptosi(v, vec(qt, n))
@@ -394,11 +395,6 @@ def _quantize_block(
         return context.make_tuple(b, sig.return_type, [amax, *sums])
 
     return ret(x, x_off, qmax, q, words, w_off, w_stride), codegen
-
-
-def _splat_n(b: ir.IRBuilder, v: ir.Value, n: int) -> ir.Value:
-    u = b.insert_element(ir.Constant(vec(F32, n), ir.Undefined), v, ir.Constant(I32, 0))
-    return b.shuffle_vector(u, u, ir.Constant(vec(I32, n), [0] * n))
 
 
 # quantize_block(x, x_off, qmax, q, words, w_off, w_stride) -> (amax, s0, s1): one activation
