@@ -3,6 +3,7 @@ Python -> numba calls of one forward step.
 
     python -m bench.profile [--concurrency 64] [--seconds 12]   (py-spy: pip install -e '.[bench]')
     python -m bench.profile --step [--rows 1 | --prefill 512] [--numerics int16] [--model PATH]
+    python -m bench.profile --step --perf [--rows 16] [--seconds 12]   (needs Linux perf)
 
 Starts a core on the bundled model (bench.engine.Core), keeps `concurrency` greedy requests of
 128 tokens running, records the core with py-spy for `seconds`, and prints the share of samples
@@ -15,12 +16,16 @@ kernel modules' dispatchers), the Python time between them, and what one call co
 work: numba's dispatch of a matmul's arguments, and a parallel region on top. An integer model
 runs a layer as one numba call (kernels/layer.py); the same kernels are then timed once more
 through the unfused pass, one call each, and their time split into matmuls, attention, RoPE
-and the KV store, norms, activation and the embedding.
+and the KV store, norms, activation and the embedding. `--step --perf` instead records the
+process with `perf` for `seconds` of steps and prints the share of samples per jitted
+function, a parallel region's body named after the kernel that starts it (bench/perfmap.py):
+inside the one call of a fused layer, which the dispatcher wrappers cannot split.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -36,6 +41,7 @@ import numba
 import numpy as np
 from numba.core.registry import CPUDispatcher
 
+from bench import perfmap
 from bench.engine import Core, random_prompts
 from bench.model import (
     BLOCK,
@@ -170,10 +176,34 @@ def print_split(wall: float, spent: Counter[str], steps: int) -> None:
         print(f"  {part:<28} {t * 1e3:8.3f} ms  {100 * t / wall:5.1f}%")
 
 
-def step_profile(model: str, numerics: str, rows: int, prefill: int, steps: int) -> None:
+def perf_profile(run_step: Callable[[int], None], seconds: int, top: int) -> None:
+    """Record this process with perf while it runs steps; print the shares per function."""
+    perf = shutil.which("perf")
+    if perf is None:
+        raise SystemExit("--perf needs Linux perf on PATH")
+    named = perfmap.write_map()
+    data = Path(tempfile.mkdtemp(prefix="tl-perf-")) / "perf.data"
+    cmd = [perf, "record", "-F", "1999", "-p", str(os.getpid()), "-o", str(data), "--",
+           "sleep", str(seconds)]  # fmt: skip
+    recorder = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = 0
+    while recorder.poll() is None:
+        run_step(done)
+        done += 1
+    print(f"perf: {done} steps in {seconds} s, {named} jitted functions named; share of samples:")
+    for name, pct in perfmap.shares(data).most_common(top):
+        print(f"  {pct:5.1f}%  {name}")
+
+
+def step_profile(
+    model: str, numerics: str, rows: int, prefill: int, steps: int, perf: int, top: int
+) -> None:
+    if perf:
+        perfmap.capture()  # before any kernel loads
     runner = ModelRunner.from_path(
-        resolve(model), BLOCK, FIRST_BLOCK + 64 * SEQ_BLOCKS, 0, 2048, numerics
-    )
+        resolve(model), BLOCK, FIRST_BLOCK + 64 * SEQ_BLOCKS, 0, 2048, numerics,
+        EngineConfig().kv_cache_dtype,
+    )  # fmt: skip
     runner.warmup()
     if prefill:
         batches = [prefill_batch(prefill, s) for s in range(steps)]
@@ -197,6 +227,9 @@ def step_profile(model: str, numerics: str, rows: int, prefill: int, steps: int)
     times.sort()
     print(f"{resolve(model).name}, numerics {numerics}, {what}, {steps} steps: "
           f"best {times[0] * 1e3:.3f} ms, median {times[len(times) // 2] * 1e3:.3f} ms")  # fmt: skip
+    if perf:
+        perf_profile(lambda i: runner.run(batches[i % steps]), perf, top)
+        return
     wall, calls, spent = count_kernels(run_all)
     print_kernels(wall, calls, spent, steps)
     if runner.weights.panel_layers() is not None:
@@ -236,6 +269,9 @@ def main() -> None:
     )
     parser.add_argument("--numerics", default=EngineConfig().numerics, help="--step")
     parser.add_argument(
+        "--perf", action="store_true", help="--step: perf's shares per jitted function instead"
+    )
+    parser.add_argument(
         "--model", default=BUNDLED_MODEL, help="--step: a path or bench.models name"
     )
     args = parser.parse_args()
@@ -243,7 +279,8 @@ def main() -> None:
         steps = args.steps or (5 if args.prefill else 50)
         if not args.prefill and steps > DECODE_STEPS:
             parser.error(f"--steps: at most {DECODE_STEPS} decode steps (bench.model's contexts)")
-        step_profile(args.model, args.numerics, args.rows, args.prefill, steps)
+        step_profile(args.model, args.numerics, args.rows, args.prefill, steps,
+                     args.seconds if args.perf else 0, args.top)  # fmt: skip
         return
     # the venv's bin is not on PATH when the bench runs as .venv/bin/python -m bench.profile
     spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
