@@ -276,7 +276,7 @@ def _forward(
     # many rows, and numba owns both cores (kernels/gemm.py): row ops split the rows too, and
     # long prefill chunks attend by sgemm
     split_rows = blas and gemm.AVAILABLE
-    plan = attention.plan(seq_of_token, BLAS_ATTENTION_MIN_ROWS if split_rows else None)
+    plan = attention.plan(seq_of_token, BLAS_ATTENTION_MIN_ROWS if split_rows else None, positions)
     rotate = ops.rope_parallel if split_rows else ops.rope
     add_rmsnorm = ops.add_rmsnorm_parallel if split_rows else ops.add_rmsnorm
     if cfg.activation == "silu":

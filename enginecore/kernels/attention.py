@@ -307,20 +307,32 @@ class AttentionPlan:
     runs: list[tuple[int, int, int]]  # (first row, end row, sequence) attended by BLAS
 
 
-def plan(seq_of_token: npt.NDArray[np.int32], min_run: int | None) -> AttentionPlan:
-    """Send each sequence's run of >= min_run rows to the BLAS path (None: never)."""
+def plan(
+    seq_of_token: npt.NDArray[np.int32],
+    min_run: int | None,
+    positions: npt.NDArray[np.int32] | None = None,
+) -> AttentionPlan:
+    """Send each sequence's run of >= min_run rows to the BLAS path (None: never). Given the
+    rows' positions, the kernel's rows go longest context first: its workers claim them in
+    order, each from its own share and then from the other's, so the rows left for the last
+    claims are the short ones and the workers end closer together (a 512-token prefill's
+    attention claimed its longest rows last; each row's result is the same in any order)."""
     n = seq_of_token.shape[0]
     if min_run is None or n < min_run:
-        return AttentionPlan(np.arange(n, dtype=np.int32), [])
-    bounds = [0, *(np.flatnonzero(np.diff(seq_of_token)) + 1).tolist(), n]
-    runs: list[tuple[int, int, int]] = []
-    rest: list[int] = []
-    for a, b in itertools.pairwise(bounds):
-        if b - a >= min_run:
-            runs.append((a, b, int(seq_of_token[a])))
-        else:
-            rest.extend(range(a, b))
-    return AttentionPlan(np.asarray(rest, np.int32), runs)
+        rest = np.arange(n, dtype=np.int32)
+        runs: list[tuple[int, int, int]] = []
+    else:
+        bounds = [0, *(np.flatnonzero(np.diff(seq_of_token)) + 1).tolist(), n]
+        runs, kept = [], list[int]()
+        for a, b in itertools.pairwise(bounds):
+            if b - a >= min_run:
+                runs.append((a, b, int(seq_of_token[a])))
+            else:
+                kept.extend(range(a, b))
+        rest = np.asarray(kept, np.int32)
+    if positions is not None:
+        rest = rest[np.argsort(-positions[rest], kind="stable")]
+    return AttentionPlan(rest, runs)
 
 
 def k_cache_layout(keys: npt.NDArray[Any]) -> npt.NDArray[Any]:

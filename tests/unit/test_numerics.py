@@ -154,6 +154,30 @@ def test_a_token_attends_to_the_same_bits_alone_and_among_others() -> None:
     same_bits(outs[1], outs[2][:2])
 
 
+def test_rows_attended_longest_context_first_get_the_same_bits() -> None:
+    # attention.plan orders the kernel's rows by context, longest first, when given positions:
+    # every row still lands in its own place of out, the same bits as in batch order
+    rng = np.random.default_rng(5)
+    n_heads, n_kv, hd, bs, n_blocks = 9, 3, 64, 16, 160
+    k = attention.k_cache_layout(rng.standard_normal((n_blocks, bs, n_kv, hd), np.float32))
+    v = rng.standard_normal((n_blocks, bs, n_kv, hd), np.float32)
+    tables = rng.permutation(n_blocks).astype(np.int32).reshape(10, 16)
+    n = 10
+    qkv = rng.standard_normal((n, (n_heads + 2 * n_kv) * hd), np.float32)
+    positions = rng.integers(5, 250, n).astype(np.int32)
+    seq = np.arange(n, dtype=np.int32)
+    p = attention.plan(seq, None, positions)
+    assert sorted(p.kernel_tokens.tolist()) == list(range(n))
+    assert (np.diff(positions[p.kernel_tokens]) <= 0).all()
+    outs = []
+    for plan in (attention.plan(seq, None), p):
+        out = np.full((n, n_heads * hd), np.nan, np.float32)
+        attention.attend(qkv, plan, seq, positions, tables, k, v, n_heads, out)
+        outs.append(out)
+    same_bits(outs[0], outs[1])
+    assert not np.isnan(outs[1]).any()
+
+
 @pytest.mark.parametrize("kv", ["f32", "f16"])
 @pytest.mark.parametrize("window", [0, 7])
 def test_a_prefill_chunk_attends_to_the_same_bits_as_each_of_its_rows_alone(
