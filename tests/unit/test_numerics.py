@@ -133,15 +133,25 @@ def test_exact_mode_keeps_the_unfused_layers(tiny: TinyModels) -> None:
     assert runner(tiny, "gguf_q4_k_m", "exact").weights.panel_layers() is None
 
 
+def _paged_case(
+    rng: np.random.Generator, bs: int, n_seqs: int, blocks_per_seq: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    # the bundled model's attention shapes (9 heads over 3 kv heads of 64): random K (in the
+    # cache's layout) and V blocks, each sequence's table a random set of them, a qkv row each
+    n_heads, n_kv, hd, n_blocks = 9, 3, 64, n_seqs * blocks_per_seq
+    k = attention.k_cache_layout(rng.standard_normal((n_blocks, bs, n_kv, hd), np.float32))
+    v = rng.standard_normal((n_blocks, bs, n_kv, hd), np.float32)
+    tables = rng.permutation(n_blocks).astype(np.int32).reshape(n_seqs, blocks_per_seq)
+    qkv = rng.standard_normal((n_seqs, (n_heads + 2 * n_kv) * hd), np.float32)
+    return k, v, tables, qkv
+
+
 def test_a_token_attends_to_the_same_bits_alone_and_among_others() -> None:
     # the bundled model's attention shapes (9 heads over 3 kv heads of 64, contexts ~150): the
     # kernel for one token and for eight runs the same compiled sums
     rng = np.random.default_rng(0)
-    n_heads, n_kv, hd, bs, n_blocks = 9, 3, 64, 32, 64
-    k = attention.k_cache_layout(rng.standard_normal((n_blocks, bs, n_kv, hd), np.float32))
-    v = rng.standard_normal((n_blocks, bs, n_kv, hd), np.float32)
-    tables = rng.permutation(n_blocks).astype(np.int32).reshape(8, 8)
-    qkv = rng.standard_normal((8, (n_heads + 2 * n_kv) * hd), np.float32)
+    n_heads, hd = 9, 64
+    k, v, tables, qkv = _paged_case(rng, 32, 8, 8)
     positions = (140 + 13 * np.arange(8) % 100).astype(np.int32)
     seq = np.arange(8, dtype=np.int32)
     outs = []
@@ -158,12 +168,8 @@ def test_rows_attended_longest_context_first_get_the_same_bits() -> None:
     # attention.plan orders the kernel's rows by context, longest first, when given positions:
     # every row still lands in its own place of out, the same bits as in batch order
     rng = np.random.default_rng(5)
-    n_heads, n_kv, hd, bs, n_blocks = 9, 3, 64, 16, 160
-    k = attention.k_cache_layout(rng.standard_normal((n_blocks, bs, n_kv, hd), np.float32))
-    v = rng.standard_normal((n_blocks, bs, n_kv, hd), np.float32)
-    tables = rng.permutation(n_blocks).astype(np.int32).reshape(10, 16)
-    n = 10
-    qkv = rng.standard_normal((n, (n_heads + 2 * n_kv) * hd), np.float32)
+    n, n_heads, hd = 10, 9, 64
+    k, v, tables, qkv = _paged_case(rng, 16, n, 16)
     positions = rng.integers(5, 250, n).astype(np.int32)
     seq = np.arange(n, dtype=np.int32)
     p = attention.plan(seq, None, positions)
