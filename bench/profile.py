@@ -190,8 +190,13 @@ def perf_profile(run_step: Callable[[int], None], seconds: int, top: int) -> Non
     while recorder.poll() is None:
         run_step(done)
         done += 1
+    try:
+        got = perfmap.shares(data)
+    finally:  # the recording and the map are read: nothing left behind in /tmp
+        shutil.rmtree(data.parent)
+        Path(f"/tmp/perf-{os.getpid()}.map").unlink(missing_ok=True)
     print(f"perf: {done} steps in {seconds} s, {named} jitted functions named; share of samples:")
-    for name, pct in perfmap.shares(data).most_common(top):
+    for name, pct in got.most_common(top):
         print(f"  {pct:5.1f}%  {name}")
 
 
