@@ -318,12 +318,11 @@ def plan(
     claims are the short ones and the workers end closer together (a 512-token prefill's
     attention claimed its longest rows last; each row's result is the same in any order)."""
     n = seq_of_token.shape[0]
-    if min_run is None or n < min_run:
-        rest = np.arange(n, dtype=np.int32)
-        runs: list[tuple[int, int, int]] = []
-    else:
+    runs: list[tuple[int, int, int]] = []
+    rest = np.arange(n, dtype=np.int32)
+    if min_run is not None and n >= min_run:
         bounds = [0, *(np.flatnonzero(np.diff(seq_of_token)) + 1).tolist(), n]
-        runs, kept = [], list[int]()
+        kept: list[int] = []
         for a, b in itertools.pairwise(bounds):
             if b - a >= min_run:
                 runs.append((a, b, int(seq_of_token[a])))

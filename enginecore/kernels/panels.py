@@ -36,12 +36,16 @@ from enginecore.kernels.claim import (
     shares_to_claim,
     sync_add,
 )
-from enginecore.kernels.dot import ACT_ROWS, HIGH_BYTES
+from enginecore.kernels.dot import ACT_ROWS, HIGH_BYTES, Isa
 from enginecore.kernels.f16 import f16_bits_to_f32
 from enginecore.kernels.simd import (
+    DOUBLE,
     ROWS,
     WIDE,
     fma32,
+    panel_double_4,
+    panel_double_5,
+    panel_double_8,
     panel_row_4,
     panel_row_5,
     panel_row_8,
@@ -55,6 +59,8 @@ from enginecore.kernels.simd import (
 )
 
 LANES = 16  # output rows per panel
+# the one path with a 16-row kernel (kernels/simd.py's DOUBLE)
+DOUBLE_ISA = int(Isa.AVX512_VNNI)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -268,8 +274,14 @@ def _portable_row(lanes, hb, p, four_bit, off, sub, sc, mn, xq, xa, xb, t, s16, 
 
 @njit(cache=True, nogil=True, inline="always")
 def _panel_rows(rows, four_bit, five, args):
-    # kernels/simd.py's kernel for `rows` (1, ROWS or WIDE) activation rows
-    if rows == WIDE and five:
+    # kernels/simd.py's kernel for `rows` (1, ROWS, WIDE or DOUBLE) activation rows
+    if rows == DOUBLE and five:
+        panel_double_5(*args)
+    elif rows == DOUBLE and four_bit:
+        panel_double_4(*args)
+    elif rows == DOUBLE:
+        panel_double_8(*args)
+    elif rows == WIDE and five:
         panel_wide_5(*args)
     elif rows == WIDE and four_bit:
         panel_wide_4(*args)
@@ -318,7 +330,7 @@ def _matmul_worker(w, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, claimed):
     n_chunks = num_chunks(P, parts, LANES * K * n, CHUNK_MACS, CLAIMED_MACS)
     s16 = np.empty(LANES, np.int32)
     psum = np.empty(LANES, np.float32)
-    acc = np.empty(WIDE * LANES, np.float32)
+    acc = np.empty(DOUBLE * LANES, np.float32)
     sc = np.empty((n_sub, LANES), np.float32)
     mn = np.empty((n_sub, LANES), np.float32)
     while True:
@@ -341,7 +353,9 @@ def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq
     t = 0
     while t < n:
         rows = 1
-        if isa != 0 and t + WIDE <= n:
+        if isa == DOUBLE_ISA and t + DOUBLE <= n:
+            rows = DOUBLE
+        elif isa != 0 and t + WIDE <= n:
             rows = WIDE
         elif isa != 0 and t + ROWS <= n:
             rows = ROWS

@@ -107,9 +107,9 @@ def _emit_rows(
     full groups, and for a lone row's own (a decode of one sequence), which is contiguous."""
     for sub in (16, 32):
         with b.if_then(b.icmp_unsigned("==", r["sub"], ir.Constant(I64, sub))):
-            if rows == ACT_ROWS:
-                _emit_sub_rows(b, isa, int16, four_bit, rows, sub, ir.Constant(I64, 4 * rows), r,
-                               five)  # fmt: skip
+            if rows >= ACT_ROWS:
+                _emit_sub_rows(b, isa, int16, four_bit, rows, sub, ir.Constant(I64, 4 * ACT_ROWS),
+                               r, five)  # fmt: skip
                 continue
             if rows > 1:
                 _emit_sub_rows(b, isa, int16, four_bit, rows, sub, r["x_stride"], r, five)
@@ -132,7 +132,10 @@ def _emit_sub_rows(
     # many chains already, but a sub-block's 16 multiply-adds in a row on one accumulator
     # still filled the scheduler before the next sub-block could start, so 2 each on 512-bit
     # (16 of the 32 zmm for 8 rows; the 256-bit paths have no registers to spare)
+    # (DOUBLE's 16 rows: 16 accumulators, one chain each)
     chains = (2 if rows > 1 else 4) if isa == Isa.AVX512_VNNI else (1 if rows > 1 else 2)
+    if rows > ACT_ROWS:
+        chains = 1
     # 4-bit weights, int16 activations, one row, 512-bit: the four nibble positions are four
     # independent accumulators already (kernels/dot.py's planes), so no more chains
     planes = rows == 1 and int16 and four_bit and isa == Isa.AVX512_VNNI
@@ -178,7 +181,10 @@ def _emit_sub_rows(
                                          ir.Constant(I64, h * gpp * group_bytes))])  # fmt: skip
                 # the rows' activations from k0 (word k0 * elem / 4): constant offsets
                 x0 = b.gep(r["x"], [b.mul(b.udiv(k0, ir.Constant(I64, 4 // elem)), stride)])
-                xs = [(em, x0, 4 * t) for t, em in enumerate(ems)]
+                xs = [(em, x0, 4 * t) for t, em in enumerate(ems[:ACT_ROWS])]
+                if rows > ACT_ROWS:  # DOUBLE: the next group's rows, ACT_ROWS * K values on
+                    x1 = b.gep(x0, [b.mul(k, ir.Constant(I64, ACT_ROWS * elem))])
+                    xs += [(em, x1, 4 * t) for t, em in enumerate(ems[ACT_ROWS:])]
                 hb = None
                 if five:  # the fifth bits of the same groups
                     hb = b.gep(r["hb"], [b.add(b.mul(j, ir.Constant(I64, gpsub * HIGH_BYTES)),
@@ -293,7 +299,10 @@ def _panel_row(four_bit: bool, rows: int, five: bool = False) -> Any:
                 _emit_exact_row(builder, four_bit, row, five)
                 return context.get_dummy_value()
             isa64 = i64("isa")
-            for path in supported()[1:]:  # only what this host runs is ever emitted
+            paths = supported()[1:]  # only what this host runs is ever emitted
+            if rows > ACT_ROWS:  # DOUBLE: 512-bit only (the 256-bit paths' 16 ymm would spill)
+                paths = [p for p in paths if p == Isa.AVX512_VNNI]
+            for path in paths:
                 hit = builder.icmp_signed("==", isa64, ir.Constant(I64, int(path)))
                 with builder.if_then(hit):
                     _emit_rows(builder, path, int16, four_bit, rows, row, five)
@@ -319,14 +328,18 @@ panel_row_4 = _panel_row(True, 1)
 panel_row_5 = _panel_row(True, 1, five=True)
 panel_row_8 = _panel_row(False, 1)
 # the same for ROWS (WIDE) consecutive activation rows of one group (x_off the first's; out[16 t:]
-# for row t); WIDE's are always a full group (x_stride 4 * ACT_ROWS)
-ROWS, WIDE = 4, ACT_ROWS
+# for row t); WIDE's are always a full group (x_stride 4 * ACT_ROWS). DOUBLE: two full groups,
+# one weight load and unpack for 16 rows (AVX512_VNNI only: any other isa leaves out untouched)
+ROWS, WIDE, DOUBLE = 4, ACT_ROWS, 2 * ACT_ROWS
 panel_rows_4 = _panel_row(True, ROWS)
 panel_rows_5 = _panel_row(True, ROWS, five=True)
 panel_rows_8 = _panel_row(False, ROWS)
 panel_wide_4 = _panel_row(True, WIDE)
 panel_wide_5 = _panel_row(True, WIDE, five=True)
 panel_wide_8 = _panel_row(False, WIDE)
+panel_double_4 = _panel_row(True, DOUBLE)
+panel_double_5 = _panel_row(True, DOUBLE, five=True)
+panel_double_8 = _panel_row(False, DOUBLE)
 
 
 def _quantize_block(

@@ -114,7 +114,7 @@ def test_integer_paths_equal_portable_bit_for_bit(
 ) -> None:
     raw, w = blocks(qtype)
     m = PackedMatrix.pack(qtype.name, gguf_types.decode(qtype, raw), numerics)
-    n = simd.WIDE + simd.ROWS + 1  # a block of each row count the kernels take at once
+    n = simd.DOUBLE + simd.WIDE + simd.ROWS + 1  # a block of each row count the kernels take
     x = RNG.standard_normal((n, COLS)).astype(np.float32) * 3
     outs = {}
     for isa in dot.supported():
