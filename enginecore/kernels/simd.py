@@ -103,8 +103,8 @@ def _emit_rows(
 
     The sub-block length (16 or 32) is a constant of the code emitted for it, so that a
     sub-block's groups are straight-line code with constant offsets; so is the distance
-    between a row's words (kernels/dot.py's ACT_ROWS) for the widest kernel, which only gets
-    full groups, and for a lone row's own (a decode of one sequence), which is contiguous."""
+    between a row's words (kernels/dot.py's ACT_ROWS) for the widest kernels (WIDE, DOUBLE),
+    which only get full groups, and for a lone row's own (a decode of one sequence), which is contiguous."""
     for sub in (16, 32):
         with b.if_then(b.icmp_unsigned("==", r["sub"], ir.Constant(I64, sub))):
             if rows >= ACT_ROWS:
@@ -131,11 +131,10 @@ def _emit_sub_rows(
     # of the 32 zmm registers (2 of the 16 ymm on the 256-bit paths); several rows give as
     # many chains already, but a sub-block's 16 multiply-adds in a row on one accumulator
     # still filled the scheduler before the next sub-block could start, so 2 each on 512-bit
-    # (16 of the 32 zmm for 8 rows; the 256-bit paths have no registers to spare)
-    # (DOUBLE's 16 rows: 16 accumulators, one chain each)
+    # (16 of the 32 zmm for 8 rows; the 256-bit paths have no registers to spare); DOUBLE's
+    # 16 rows are 16 chains with one accumulator each
     chains = (2 if rows > 1 else 4) if isa == Isa.AVX512_VNNI else (1 if rows > 1 else 2)
-    if rows > ACT_ROWS:
-        chains = 1
+    chains = 1 if rows > ACT_ROWS else chains
     # 4-bit weights, int16 activations, one row, 512-bit: the four nibble positions are four
     # independent accumulators already (kernels/dot.py's planes), so no more chains
     planes = rows == 1 and int16 and four_bit and isa == Isa.AVX512_VNNI
