@@ -36,10 +36,11 @@ from enginecore.kernels.claim import (
     shares_to_claim,
     sync_add,
 )
-from enginecore.kernels.dot import ACT_ROWS, HIGH_BYTES, Isa
+from enginecore.kernels.dot import ACT_ROWS, HIGH_BYTES
 from enginecore.kernels.f16 import f16_bits_to_f32
 from enginecore.kernels.simd import (
     DOUBLE,
+    DOUBLE_ISA,
     ROWS,
     WIDE,
     fma32,
@@ -59,8 +60,6 @@ from enginecore.kernels.simd import (
 )
 
 LANES = 16  # output rows per panel
-# the one path with a 16-row kernel (kernels/simd.py's DOUBLE)
-DOUBLE_ISA = int(Isa.AVX512_VNNI)
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -104,7 +104,8 @@ def _emit_rows(
     The sub-block length (16 or 32) is a constant of the code emitted for it, so that a
     sub-block's groups are straight-line code with constant offsets; so is the distance
     between a row's words (kernels/dot.py's ACT_ROWS) for the widest kernels (WIDE, DOUBLE),
-    which only get full groups, and for a lone row's own (a decode of one sequence), which is contiguous."""
+    which only get full groups, and for a lone row's own (a decode of one sequence), which is
+    contiguous."""
     for sub in (16, 32):
         with b.if_then(b.icmp_unsigned("==", r["sub"], ir.Constant(I64, sub))):
             if rows >= ACT_ROWS:
@@ -132,14 +133,16 @@ def _emit_sub_rows(
     # many chains already, but a sub-block's 16 multiply-adds in a row on one accumulator
     # still filled the scheduler before the next sub-block could start, so 2 each on 512-bit
     # (16 of the 32 zmm for 8 rows; the 256-bit paths have no registers to spare); DOUBLE's
-    # 16 rows are 16 chains with one accumulator each
-    chains = (2 if rows > 1 else 4) if isa == Isa.AVX512_VNNI else (1 if rows > 1 else 2)
-    chains = 1 if rows > ACT_ROWS else chains
+    # 16 rows are 16 chains with one accumulator each.
     # 4-bit weights, int16 activations, one row, 512-bit: the four nibble positions are four
     # independent accumulators already (kernels/dot.py's planes), so no more chains
     planes = rows == 1 and int16 and four_bit and isa == Isa.AVX512_VNNI
-    if planes:
+    if planes or rows > ACT_ROWS:
         chains = 1
+    elif isa == Isa.AVX512_VNNI:
+        chains = 2 if rows > 1 else 4
+    else:
+        chains = 1 if rows > 1 else 2
     ems = [Emitter(b, isa, int16, four_bit, chains, planes) for _ in range(rows)]
     ahead = PREFETCH_BYTES if rows < ACT_ROWS else 0
     zero = ir.Constant(vec(F32, 16), None)
@@ -300,7 +303,7 @@ def _panel_row(four_bit: bool, rows: int, five: bool = False) -> Any:
             isa64 = i64("isa")
             paths = supported()[1:]  # only what this host runs is ever emitted
             if rows > ACT_ROWS:  # DOUBLE: 512-bit only (the 256-bit paths' 16 ymm would spill)
-                paths = [p for p in paths if p == Isa.AVX512_VNNI]
+                paths = [p for p in paths if p == DOUBLE_ISA]
             for path in paths:
                 hit = builder.icmp_signed("==", isa64, ir.Constant(I64, int(path)))
                 with builder.if_then(hit):
@@ -330,6 +333,7 @@ panel_row_8 = _panel_row(False, 1)
 # for row t); WIDE's are always a full group (x_stride 4 * ACT_ROWS). DOUBLE: two full groups,
 # one weight load and unpack for 16 rows (AVX512_VNNI only: any other isa leaves out untouched)
 ROWS, WIDE, DOUBLE = 4, ACT_ROWS, 2 * ACT_ROWS
+DOUBLE_ISA = int(Isa.AVX512_VNNI)  # the one path DOUBLE's kernels are emitted for
 panel_rows_4 = _panel_row(True, ROWS)
 panel_rows_5 = _panel_row(True, ROWS, five=True)
 panel_rows_8 = _panel_row(False, ROWS)
