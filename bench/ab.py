@@ -241,8 +241,13 @@ def attention_case(args: argparse.Namespace) -> None:
         )
         seq, pos = np.arange(rows, dtype=np.int32), (ctx - 1).astype(np.int32)
         outs = {side: np.empty((rows, heads * head_dim), np.float32) for side in mods}
+        # each side's V layout (a side without v_cache_layout keeps blocks as made)
+        vcs = {
+            s: np.stack([m.v_cache_layout(v) for v in vc]) if hasattr(m, "v_cache_layout") else vc
+            for s, m in mods.items()
+        }
         calls = {
-            s: partial(_attention, mods[s], (qkv, seq, pos, tables, kc, vc, heads, outs[s]))
+            s: partial(_attention, mods[s], (qkv, seq, pos, tables, kc, vcs[s], heads, outs[s]))
             for s in mods
         }
         for call in calls.values():

@@ -165,7 +165,7 @@ def attention_kernels(repeat: int) -> None:
         seq, pos = np.arange(b, dtype=np.int32), np.full(b, ctx - 1, np.int32)
         out = np.empty((b, D), np.float32)
         p = attention.plan(seq, None)
-        kc = attention.k_cache_layout(k)
+        kc, vc = attention.k_cache_layout(k), attention.v_cache_layout(v)
 
         def np_att(qkv: np.ndarray = qkv, k: np.ndarray = k, v: np.ndarray = v,
                    tables: np.ndarray = tables, b: int = b, ctx: int = ctx) -> object:  # fmt: skip
@@ -177,8 +177,8 @@ def attention_kernels(repeat: int) -> None:
             return np.einsum("bkgp,bpki->bkgi", e / e.sum(-1, keepdims=True), vv)
 
         row(f"paged_attention decode B={b} ctx={ctx}",
-            best_ms(lambda qkv=qkv, seq=seq, pos=pos, tables=tables, kc=kc, v=v, out=out, p=p:
-                    attention.attend(qkv, p, seq, pos, tables, kc, v, N_HEADS, out), repeat),
+            best_ms(lambda qkv=qkv, seq=seq, pos=pos, tables=tables, kc=kc, vc=vc, out=out, p=p:
+                    attention.attend(qkv, p, seq, pos, tables, kc, vc, N_HEADS, out), repeat),
             best_ms(np_att, repeat))  # fmt: skip
     n = 512
     k = rng.standard_normal((n // BS, BS, N_KV, HD), np.float32)
@@ -188,7 +188,7 @@ def attention_kernels(repeat: int) -> None:
     tables = np.arange(n // BS, dtype=np.int32)[None]
     out = np.empty((n, D), np.float32)
     p = attention.plan(seq, 16)
-    kc = attention.k_cache_layout(k)
+    kc, vc = attention.k_cache_layout(k), attention.v_cache_layout(v)
 
     def np_causal() -> object:
         q = qkv[:, :D].reshape(n, N_KV, N_HEADS // N_KV, HD).transpose(1, 2, 0, 3)
@@ -202,7 +202,7 @@ def attention_kernels(repeat: int) -> None:
         return (e / e.sum(-1, keepdims=True)) @ vv[:, None]
 
     row("chunk_attention prefill 512 (BLAS path)",
-        best_ms(lambda: attention.attend(qkv, p, seq, pos, tables, kc, v, N_HEADS, out), repeat),
+        best_ms(lambda: attention.attend(qkv, p, seq, pos, tables, kc, vc, N_HEADS, out), repeat),
         best_ms(np_causal, repeat))  # fmt: skip
 
 

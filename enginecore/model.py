@@ -126,11 +126,11 @@ KV_DTYPES = {"f32": np.float32, "f16": np.uint16}  # f16: fp16 bits (kernels/f16
 @dataclass(slots=True)
 class KVCache:
     k: npt.NDArray[Any]  # (n_layers, n_blocks, n_kv_heads, head_dim, block_size) f32 / f16 bits
-    v: npt.NDArray[Any]  # (n_layers, n_blocks, block_size, n_kv_heads, head_dim)
+    v: npt.NDArray[Any]  # (n_layers, n_blocks, n_kv_heads, block_size, head_dim)
 
     @staticmethod
     def allocate(cfg: ModelConfig, num_blocks: int, block_size: int, dtype: str) -> KVCache:
-        shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        shape = (cfg.num_layers, num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim)
         k_shape = (cfg.num_layers, num_blocks, cfg.num_kv_heads, cfg.head_dim, block_size)
         k, v = np.empty(k_shape, KV_DTYPES[dtype]), np.empty(shape, KV_DTYPES[dtype])
         # written now, not on first use: np.zeros maps pages lazily, and the first store into

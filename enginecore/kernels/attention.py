@@ -3,7 +3,8 @@
 KV cache of one layer, float32 or uint16 holding fp16 bits (kv_cache_dtype = "f16": half the
 bytes every decode streams): k_cache (n_blocks, n_kv_heads, head_dim, block_size), each block's
 keys transposed so that a vector holds 16 positions (kernels/attention_simd.py), and v_cache
-(n_blocks, block_size, n_kv_heads, head_dim).
+(n_blocks, n_kv_heads, block_size, head_dim). Both keep a block's rows of one kv head together,
+so that attention reads each kv head's part of a block as one contiguous run.
 A token's cache slot is block_table[pos // block_size] * block_size + pos % block_size.
 A sliding-window layer (window > 0) lets the token at position p see positions
 p - window + 1 .. p only; the query scale is the model's (1 / sqrt(head_dim) for most).
@@ -66,7 +67,7 @@ def _store_tokens(qkv, t0, t1, slot_mapping, q_dim, kv_dim, k_cache, v_cache):
                 k = qkv[t, q_dim + h * head_dim + i]
                 v = qkv[t, q_dim + kv_dim + h * head_dim + i]
                 k_cache[blk, h, i, off] = kv_store(k, k_cache[0, 0, 0, 0])
-                v_cache[blk, off, h, i] = kv_store(v, v_cache[0, 0, 0, 0])
+                v_cache[blk, h, off, i] = kv_store(v, v_cache[0, 0, 0, 0])
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -162,13 +163,13 @@ def _weighted_values(sf, s0, span, vf, table, lo, ctx, n_kv, group, h0, h1, head
                      a0):  # fmt: skip
     # af[a0 + h head_dim + d] += sum over p in lo..ctx-1, in order, of s[h, p] v[p, d], for
     # heads h0..h1-1
-    row = n_kv * head_dim  # a position's V rows of all kv heads
+    row = head_dim  # a kv head's V rows of a block are consecutive
     n_blocks = -(-ctx // bs)
     for b in range(lo // bs, n_blocks):
         j0, j1 = max(lo - b * bs, 0), min(ctx - b * bs, bs)
         for kvh in range(h0 // group, -(-h1 // group)):
-            v0 = (table[b] * bs + j0) * row + kvh * head_dim
-            ahead = table[b + 1] * bs * row + kvh * head_dim if b + 1 < n_blocks else -1
+            v0 = ((table[b] * n_kv + kvh) * bs + j0) * row
+            ahead = (table[b + 1] * n_kv + kvh) * bs * row if b + 1 < n_blocks else -1
             g1 = min(h1 - kvh * group, group)
             for g0 in range(max(h0 - kvh * group, 0), g1, PV_HEADS):
                 heads = min(PV_HEADS, g1 - g0)
@@ -344,6 +345,16 @@ def k_positions(k_cache: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return k_cache.transpose(0, 3, 1, 2).reshape(-1, k_cache.shape[1], k_cache.shape[2])
 
 
+def v_cache_layout(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Values in blocks (n_blocks, block_size, n_kv_heads, head_dim) as the V cache holds them."""
+    return np.ascontiguousarray(values.transpose(0, 2, 1, 3))
+
+
+def v_positions(v_cache: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Blocks of the V cache's layout as (n_blocks * block_size, n_kv_heads, head_dim) values."""
+    return v_cache.transpose(0, 2, 1, 3).reshape(-1, v_cache.shape[1], v_cache.shape[3])
+
+
 def _as_f32(a: npt.NDArray[np.float32] | npt.NDArray[np.uint16]) -> npt.NDArray[np.float32]:
     if a.dtype == np.float32:
         return a  # type: ignore[return-value]
@@ -376,7 +387,7 @@ def attend(
     for first, end, seq in p.runs:
         table = block_tables[seq, : -(-(int(positions[end - 1]) + 1) // block_size)]
         keys = _as_f32(k_positions(k_cache[table]))  # gathered
-        values = _as_f32(v_cache[table].reshape(-1, v_cache.shape[2], v_cache.shape[3]))
+        values = _as_f32(v_positions(v_cache[table]))
         workers = numba.get_num_threads()
         chunk_attention(
             qkv, first, end, int(positions[first]), keys, values, n_heads, out, workers,

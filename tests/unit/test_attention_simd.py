@@ -101,7 +101,8 @@ def test_paged_attention_equals_dense_attention(
     scale = 0.11
     out = np.full((n, n_heads * hd), np.nan, np.float32)
     attention.attend(qkv, attention.plan(seq_of_token, None), seq_of_token, positions, tables,
-                     attention.k_cache_layout(k), v, n_heads, out, window, scale)  # fmt: skip
+                     attention.k_cache_layout(k), attention.v_cache_layout(v), n_heads, out, window,
+                     scale)  # fmt: skip
     group = n_heads // n_kv
     for t in range(n):
         keys = k[tables[seq_of_token[t]]].reshape(-1, n_kv, hd).astype(np.float64)

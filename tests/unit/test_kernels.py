@@ -111,6 +111,7 @@ BS, N_KV, HD, N_HEADS = 4, 2, 8, 6  # GQA group of 3
 
 
 K = attention.k_cache_layout  # keys made position by position, as the K cache holds them
+V = attention.v_cache_layout  # and values
 
 
 def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: int) -> np.ndarray:
@@ -138,7 +139,7 @@ def test_blas_attention_over_several_query_tiles_equals_the_kernel() -> None:
         plan = attention.plan(seq_of_token, min_run)
         out = np.full((n, N_HEADS * HD), np.nan, np.float32)
         attention.attend(
-            qkv, plan, seq_of_token, positions, table, K(k_cache), v_cache, N_HEADS, out
+            qkv, plan, seq_of_token, positions, table, K(k_cache), V(v_cache), N_HEADS, out
         )
         outs.append(out)
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-5)
@@ -177,7 +178,7 @@ def test_paged_and_blas_attention_equal_dense_attention() -> None:
         )
         out = np.full((22, N_HEADS * HD), np.nan, np.float32)
         attention.attend(
-            qkv, plan, seq_of_token, positions, tables, K(k_cache), v_cache, N_HEADS, out
+            qkv, plan, seq_of_token, positions, tables, K(k_cache), V(v_cache), N_HEADS, out
         )
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
 
@@ -196,7 +197,7 @@ def test_fp16_kv_cache_attends_like_the_fp32_cache_holding_the_same_values() -> 
         for k, v in ((k32.astype(np.float32), v32.astype(np.float32)),
                      (k32.view(np.uint16), v32.view(np.uint16))):  # fmt: skip
             out = np.full((19, N_HEADS * HD), np.nan, np.float32)
-            attention.attend(qkv, plan, seq_of_token, positions, tables, K(k), v, N_HEADS, out)
+            attention.attend(qkv, plan, seq_of_token, positions, tables, K(k), V(v), N_HEADS, out)
             outs.append(out)
         np.testing.assert_array_equal(outs[1], outs[0])
 
@@ -208,12 +209,12 @@ def test_store_kv_rounds_to_fp16_like_numpy(n: int) -> None:
     blocks = -(-3 * n // BS)
     k_cache, v_cache = (
         np.zeros((blocks, N_KV, HD, BS), np.uint16),
-        np.zeros((blocks, BS, N_KV, HD), np.uint16),
+        np.zeros((blocks, N_KV, BS, HD), np.uint16),
     )
     slots = np.random.default_rng(n).permutation(blocks * BS)[:n].astype(np.int32)
     attention.store_kv(qkv, slots, q_dim, kv_dim, k_cache, v_cache, 2)
     flat_k = attention.k_positions(k_cache).reshape(-1, kv_dim)[slots]
-    flat_v = v_cache.reshape(-1, kv_dim)[slots]
+    flat_v = attention.v_positions(v_cache).reshape(-1, kv_dim)[slots]
     np.testing.assert_array_equal(
         flat_k, qkv[:, q_dim : q_dim + kv_dim].astype(np.float16).view(np.uint16)
     )
@@ -227,12 +228,12 @@ def test_store_kv_writes_each_slot() -> None:
     qkv = randn(3, q_dim + 2 * kv_dim)
     k_cache, v_cache = (
         np.zeros((4, N_KV, HD, BS), np.float32),
-        np.zeros((4, BS, N_KV, HD), np.float32),
+        np.zeros((4, N_KV, BS, HD), np.float32),
     )
     slots = np.array([13, 2, 7], np.int32)
     attention.store_kv(qkv, slots, q_dim, kv_dim, k_cache, v_cache, 2)
     flat_k = attention.k_positions(k_cache).reshape(-1, kv_dim)
-    flat_v = v_cache.reshape(-1, kv_dim)
+    flat_v = attention.v_positions(v_cache).reshape(-1, kv_dim)
     np.testing.assert_array_equal(flat_k[slots], qkv[:, q_dim : q_dim + kv_dim])
     np.testing.assert_array_equal(flat_v[slots], qkv[:, q_dim + kv_dim :])
     assert np.count_nonzero(flat_k.any(1)) == 3
@@ -274,7 +275,7 @@ def test_sliding_window_attention_sees_only_its_window_on_both_paths() -> None:
             positions,
             table,
             K(k_cache),
-            v_cache,
+            V(v_cache),
             N_HEADS,
             out,
             window,

@@ -140,7 +140,7 @@ def _paged_case(
     # cache's layout) and V blocks, each sequence's table a random set of them, a qkv row each
     n_heads, n_kv, hd, n_blocks = 9, 3, 64, n_seqs * blocks_per_seq
     k = attention.k_cache_layout(rng.standard_normal((n_blocks, bs, n_kv, hd), np.float32))
-    v = rng.standard_normal((n_blocks, bs, n_kv, hd), np.float32)
+    v = attention.v_cache_layout(rng.standard_normal((n_blocks, bs, n_kv, hd), np.float32))
     tables = rng.permutation(n_blocks).astype(np.int32).reshape(n_seqs, blocks_per_seq)
     qkv = rng.standard_normal((n_seqs, (n_heads + 2 * n_kv) * hd), np.float32)
     return k, v, tables, qkv
@@ -197,20 +197,20 @@ def test_a_prefill_chunk_attends_to_the_same_bits_as_each_of_its_rows_alone(
     v = rng.standard_normal((n_blocks, bs, n_kv, hd), np.float32)
     if kv == "f16":
         k, v = (a.astype(np.float16).view(np.uint16) for a in (k, v))
-    kc = attention.k_cache_layout(k)
+    kc, vc = attention.k_cache_layout(k), attention.v_cache_layout(v)
     tables = rng.permutation(n_blocks).astype(np.int32).reshape(1, n_blocks)
     n = 21
     qkv = rng.standard_normal((n, (n_heads + 2 * n_kv) * hd), np.float32)
     positions = np.arange(150, 150 + n, dtype=np.int32)
     seq = np.zeros(n, np.int32)
     chunk = np.zeros((n, n_heads * hd), np.float32)
-    attention.attend(qkv, attention.plan(seq, None), seq, positions, tables, kc, v, n_heads,
+    attention.attend(qkv, attention.plan(seq, None), seq, positions, tables, kc, vc, n_heads,
                      chunk, window)  # fmt: skip
     for t in range(n):
         alone = np.zeros((1, n_heads * hd), np.float32)
         one = seq[t : t + 1]
         attention.attend(qkv[t : t + 1], attention.plan(one, None), one, positions[t : t + 1],
-                         tables, kc, v, n_heads, alone, window)  # fmt: skip
+                         tables, kc, vc, n_heads, alone, window)  # fmt: skip
         same_bits(alone[0], chunk[t])
     # and it is attention: row t's softmax over its visible keys, against float64
     kf, vf = (a.view(np.float16).astype(np.float32) if kv == "f16" else a for a in (k, v))
