@@ -30,6 +30,10 @@ Layout of one group of 16 rows (`group_layout`: its bytes and the values of k it
     masked add per part, before the same multiply-adds: 5/8 of an 8-bit panel's bytes read.
     In place, nibble 2 with its fifth bit is at most 31 * 256: an int16 activation block's 4
     groups add 8 products of at most 7936 * 32767 to a lane, 2,080,299,776 < 2^31.
+    Q5_0 (offset 16, no minimum) with int16 activations: each part's nibble is or-ed with the
+    bits above it, nibble - 16 in two's complement (an and and an or of constants are one
+    vpternlog: no instruction more but for the last nibble's or), before the fifth bit's 16 is
+    added, so the sums are of v - 16 (in place at most 16 * 256 in magnitude).
 """
 
 from __future__ import annotations
@@ -355,15 +359,45 @@ def lane_values(
     return out
 
 
+def _word_nibbles(
+    b: ir.IRBuilder, wv: ir.Value, word: int, planes: bool, fold: bool
+) -> tuple[list[tuple[ir.Value, int, int]], list[int]]:
+    """A 4-bit int16 group's parts (value, activation word, plane) and what a set fifth bit
+    adds to each: nibble p of every word, the pair (k0 + 2p, k0 + 2p + 1); in place (times
+    16^p) with planes, else shifted down and masked (the many-row kernels share it); `fold`:
+    each part's nibble - 16 (an or of the bits above it: two's complement)."""
+    words = b.bitcast(wv, vec(I16, 32))
+    parts, high = [], []
+    for p in range(4):
+        if p == 3:
+            part = b.lshr(words, ir.Constant(vec(I16, 32), [12] * 32))
+            high.append(16)
+        elif planes:
+            part = b.and_(words, ir.Constant(vec(I16, 32), [15 << 4 * p] * 32))
+            high.append(16 << 4 * p)
+        else:
+            shifted = b.lshr(words, ir.Constant(vec(I16, 32), [4 * p] * 32)) if p else words
+            part = b.and_(shifted, ir.Constant(vec(I16, 32), [15] * 32))
+            high.append(16)
+        if fold:  # nibble - 16 (times 16^p in place) as int16: -16 << 4p's bits or-ed in
+            part = b.or_(part, ir.Constant(vec(I16, 32), [-high[-1]] * 32))
+        parts.append((part, word + p, p))
+    return parts, high
+
+
 def accumulate_groups(
     b: ir.IRBuilder, rows: list[tuple[Emitter, ir.Value, int]], four_bit: bool, w: ir.Value,
     n_groups: int, stride: ir.Value, ahead: int = 0, hb: ir.Value | None = None,
+    fold: bool = False,
 ) -> None:  # fmt: skip
     """Add the panel rows' integer dot products over n_groups groups from w to each
     (accumulators, activations, byte offset of the row's first word from them) of `rows`
     (the activations' words `stride` bytes apart: ACT_ROWS' layout; a constant stride makes
     every offset a constant): one weight load and unpack for all of them; 5-bit weights with their
-    fifth bits from hb (the module's docstring). `ahead` > 0: each cache line's load first
+    fifth bits from hb (the module's docstring); `fold` (int16 activations, 5-bit values with an
+    offset of 16): as v - 16, each nibble or-ed with the bits above it (nibble - 16 in two's
+    complement, the same instruction count: an and and an or of constants are one vpternlog)
+    before the fifth bit's 16 is added. `ahead` > 0: each cache line's load first
     asks for the one `ahead` bytes further (of hb's, as many groups ahead).
     Straight-line code (a sub-block's few groups), consecutive pieces on consecutive chains."""
     first = rows[0][0]
@@ -378,24 +412,9 @@ def accumulate_groups(
             prefetch(b, hb, (g * group_bytes + ahead) * HIGH_BYTES // group_bytes)
         wv = load_at(b, w, ir.Constant(I64, g * group_bytes), vec(I8, group_bytes))
         word = g * k_per_group * elem // 4  # the group's first word of activations
-        high = []  # per part: what a set fifth bit adds to its lanes
+        high: list[int] = []  # per part: what a set fifth bit adds to its lanes
         if four_bit and first.int16:
-            # nibble p of every word: the pair (k0 + 2p, k0 + 2p + 1); in place (times 16^p)
-            # with planes, else shifted down and masked (the many-row kernels share it)
-            words = b.bitcast(wv, vec(I16, 32))
-            parts = []
-            for p in range(4):
-                if p == 3:
-                    part = b.lshr(words, ir.Constant(vec(I16, 32), [12] * 32))
-                    high.append(16)
-                elif len(first.shifts) > 1:
-                    part = b.and_(words, ir.Constant(vec(I16, 32), [15 << 4 * p] * 32))
-                    high.append(16 << 4 * p)
-                else:
-                    shifted = b.lshr(words, ir.Constant(vec(I16, 32), [4 * p] * 32)) if p else words
-                    part = b.and_(shifted, ir.Constant(vec(I16, 32), [15] * 32))
-                    high.append(16)
-                parts.append((part, word + p, p))
+            parts, high = _word_nibbles(b, wv, word, len(first.shifts) > 1, fold)
         elif four_bit:
             mask = ir.Constant(vec(I8, group_bytes), [15] * group_bytes)
             shift = ir.Constant(vec(I8, group_bytes), [4] * group_bytes)

@@ -19,9 +19,10 @@ so that weight = sc * (v - off) + mn, with sc = d * isc and mn = dm * imn per su
 Integer modes: activations quantized per block (`act_block`: 16 values for int8, 32 for
 int16) to int8 or int16 (scale xa; xb, the sums of each 16 and each 32 dequantized values),
 each panel's exact int32 sums per sub-block, or per activation block when that is shorter,
-from kernels/dot.py (or the portable loop here), then per output element, in one fixed order,
-float32 multiplies, adds and fused multiply-adds (kernels/simd.py's docstring): the same bits
-for any row count, thread split or ISA path. Exact mode and the embedding lookups:
+from kernels/dot.py (or the portable loop here; Q5_0's of v - off with int16 activations),
+then per output element, in one fixed order, float32 multiplies, adds and fused multiply-adds
+(kernels/simd.py's docstring): the same bits for any row count, thread split or ISA path.
+Exact mode and the embedding lookups:
 kernels/dequant.py.
 """
 
@@ -46,15 +47,19 @@ from enginecore.kernels.simd import (
     fma32,
     panel_double_4,
     panel_double_5,
+    panel_double_5s,
     panel_double_8,
     panel_row_4,
     panel_row_5,
+    panel_row_5s,
     panel_row_8,
     panel_rows_4,
     panel_rows_5,
+    panel_rows_5s,
     panel_rows_8,
     panel_wide_4,
     panel_wide_5,
+    panel_wide_5s,
     panel_wide_8,
     quantize_block,
 )
@@ -213,8 +218,9 @@ def high_bit(hb, p, g, part, lane, part_lanes):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _portable_sums(lanes, hb, p, g0, n_groups, four_bit, xq, t, k0, s16):
-    # s16 (16,) int32 = the panel's integer sums over groups g0.. against xq[t, k0..]
+def _portable_sums(lanes, hb, p, g0, n_groups, four_bit, xq, t, k0, s16, fold):
+    # s16 (16,) int32 = the panel's integer sums over groups g0.. against xq[t, k0..]; the
+    # int16 layout's values less `fold` (kernels/simd.py's SIGNED_FIVE: Q5_0 as v - 16)
     il = lanes.itemsize
     per_group = group_values(lanes, four_bit)
     for r in range(LANES):
@@ -228,6 +234,7 @@ def _portable_sums(lanes, hb, p, g0, n_groups, four_bit, xq, t, k0, s16):
                     w = np.int64(lanes[p, (g0 + g) * 2 * LANES + 2 * r + e])
                     for q in range(4):
                         v = ((w >> (4 * q)) & 15) + high_bit(hb, p, g0 + g, q, 2 * r + e, 32)
+                        v -= fold
                         s += v * xq[act_index(xq, t, kg + 2 * q + e)]
                 s16[r] += s
                 continue
@@ -244,11 +251,14 @@ def _portable_sums(lanes, hb, p, g0, n_groups, four_bit, xq, t, k0, s16):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _portable_row(lanes, hb, p, four_bit, off, sub, sc, mn, xq, xa, xb, t, s16, psum, acc):
+def _portable_row(lanes, hb, p, four_bit, off, signed, sub, sc, mn, xq, xa, xb, t, s16, psum,
+                  acc):  # fmt: skip
     # acc (16,) = panel p's rows times activation row t, in panel_row's order of operations
     # (kernels/simd.py's docstring): per sub-block P = a * S (then P = fma(a, S, P) for each
     # further activation block inside it), tmp = fma(c, xb, sc * P) (c = fma(-off, sc, mn),
-    # xb its activations' sum), acc = acc + tmp
+    # xb its activations' sum), acc = acc + tmp; `signed` (SIGNED_FIVE) with int16
+    # activations: S of v - off, and tmp = sc * P
+    fold = signed and lanes.itemsize == 2
     per_group = group_values(lanes, four_bit)
     ab = act_block(xq)
     pieces = max(sub // ab, 1)
@@ -260,21 +270,38 @@ def _portable_row(lanes, hb, p, four_bit, off, sub, sc, mn, xq, xa, xb, t, s16, 
         for h in range(pieces):
             k0 = j * sub + h * plen
             _portable_sums(lanes, hb, p, k0 // per_group, plen // per_group, four_bit, xq, t,
-                           k0, s16)  # fmt: skip
+                           k0, s16, off if fold else 0)  # fmt: skip
             a = xa[k0 // ab, t]
             for r in range(LANES):
                 fs = np.float32(s16[r])
                 psum[r] = a * fs if h == 0 else fma32(a, fs, psum[r])
         for r in range(LANES):
-            c = fma32(neg_off, sc[j, r], mn[j, r])
-            tmp = fma32(c, xb[xb_index(K, sub, j), t], sc[j, r] * psum[r])
+            tmp = sc[j, r] * psum[r]
+            if not fold:
+                c = fma32(neg_off, sc[j, r], mn[j, r])
+                tmp = fma32(c, xb[xb_index(K, sub, j), t], tmp)
             acc[r] = acc[r] + tmp
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _panel_rows(rows, four_bit, five, args):
+def _signed_rows(rows, args):
+    # kernels/simd.py's SIGNED_FIVE kernel for `rows` activation rows
+    if rows == DOUBLE:
+        panel_double_5s(*args)
+    elif rows == WIDE:
+        panel_wide_5s(*args)
+    elif rows == ROWS:
+        panel_rows_5s(*args)
+    else:
+        panel_row_5s(*args)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _panel_rows(rows, four_bit, five, signed, args):
     # kernels/simd.py's kernel for `rows` (1, ROWS, WIDE or DOUBLE) activation rows
-    if rows == DOUBLE and five:
+    if signed:
+        _signed_rows(rows, args)
+    elif rows == DOUBLE and five:
         panel_double_5(*args)
     elif rows == DOUBLE and four_bit:
         panel_double_4(*args)
@@ -347,6 +374,7 @@ def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq
            n_sub, panel_bytes, five, s16, psum, acc, sc, mn, out, col0, n_rows):  # fmt: skip
     # out[:, col0 + 16 p ..] = panel p times every activation row
     n = xq.shape[0]
+    signed = five and off != 0 and not has_min  # kernels/simd.py's SIGNED_FIVE: Q5_0
     if isa == 0:
         panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn)
     t = 0
@@ -359,14 +387,14 @@ def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq
         elif isa != 0 and t + ROWS <= n:
             rows = ROWS
         if isa == 0:
-            _portable_row(lanes, hb, p, four_bit, off, sub, sc, mn, xq, xa, xb, t, s16, psum,
-                          acc)  # fmt: skip
+            _portable_row(lanes, hb, p, four_bit, off, signed, sub, sc, mn, xq, xa, xb, t, s16,
+                          psum, acc)  # fmt: skip
         else:
             x_off, group = act_row(xq, t)
             args = (isa, lanes, p * panel_bytes, hb, p * hb.shape[1], xq, x_off, 4 * group,
                     xa, t, xb, t, d, dm, isc, imn, p * d.shape[1] * LANES,
                     p * isc.shape[1] * LANES, sps, has_min, n_sub, sub, off, acc)  # fmt: skip
-            _panel_rows(rows, four_bit, five, args)
+            _panel_rows(rows, four_bit, five, signed, args)
         for i in range(rows):
             for r in range(min(LANES, n_rows - p * LANES)):
                 out[t + i, col0 + p * LANES + r] = acc[i * LANES + r]

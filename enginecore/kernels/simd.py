@@ -8,7 +8,10 @@ block, xa that block's scale; a sub-block longer than an activation block, int8'
 in a sub-block of 32, goes on with P = fma(xa, float(S), P) for its next block), then
 tmp = fma(c, xb, sc * P) (xb: the sub-block's dequantized activations' sum, made once by the
 quantizer: kernels/panels.py's xb_index) and acc = acc + tmp (one add on the chain that
-carries from sub-block to sub-block, which bounds a lone row). Plain fmul and fadd and
+carries from sub-block to sub-block, which bounds a lone row). Q5_0 with int16 activations
+(SIGNED_FIVE: an offset and no minimum) has its values unpacked as v - off (kernels/dot.py),
+so that S holds the offset's part and tmp = sc * P: one float operation fewer per row and
+sub-block on the pipes the multiply-adds use (bench/README). Plain fmul and fadd and
 explicit fused multiply-adds (llvm.fma, rounded once on every path; `fma32` for the portable
 loop), no fast-math flags: a portable numba loop doing the same scalar operations
 (kernels/panels.py) gets the same bits.
@@ -95,7 +98,7 @@ def _scale16(b: ir.IRBuilder, f16s: ir.Value, ints: ir.Value, scaled: ir.Value) 
 
 def _emit_rows(
     b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool, rows: int, r: dict[str, ir.Value],
-    five: bool,
+    five: int,
 ) -> None:  # fmt: skip
     """out[16 t : 16 t + 16] for `rows` consecutive activation rows t: the sums over
     sub-blocks of the module docstring, in its order per lane. The rows share each weight
@@ -126,7 +129,7 @@ def _emit_rows(
 
 def _emit_sub_rows(
     b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool, rows: int, sub: int,
-    stride: ir.Value, r: dict[str, ir.Value], five: bool,
+    stride: ir.Value, r: dict[str, ir.Value], five: int,
 ) -> None:  # fmt: skip
     # independent accumulator chains hide the multiply-add latency: for one activation row 4
     # of the 32 zmm registers (2 of the 16 ymm on the 256-bit paths); several rows give as
@@ -158,6 +161,9 @@ def _emit_sub_rows(
     scaled = b.icmp_unsigned(">", r["sps"], ir.Constant(I64, 1))
     c16 = ir.Constant(I64, 16)
     mn = cgutils.alloca_once_value(b, zero)  # type: ignore[no-untyped-call]
+    # SIGNED_FIVE with int16 activations: the values come unpacked as v - off (kernels/dot.py),
+    # so S holds the offset's part and c (no minimum either) is 0: tmp = sc * P
+    fold = five == SIGNED_FIVE and int16
     neg_off = splat_f(b, b.sitofp(b.neg(r["off"]), F32))
     n_act = r["n_act"]  # xa and xb: one column per activation row
     k = b.mul(r["n_sub"], ir.Constant(I64, sub))  # activation row length
@@ -191,7 +197,7 @@ def _emit_sub_rows(
                 if five:  # the fifth bits of the same groups
                     hb = b.gep(r["hb"], [b.add(b.mul(j, ir.Constant(I64, gpsub * HIGH_BYTES)),
                                                ir.Constant(I64, h * gpp * HIGH_BYTES))])  # fmt: skip
-                accumulate_groups(b, xs, four_bit, w, gpp, stride, ahead, hb)
+                accumulate_groups(b, xs, four_bit, w, gpp, stride, ahead, hb, fold)
                 # the rows' scales: one column of xa, its rows at constant offsets
                 xa = b.gep(r["xa"], [b.mul(b.udiv(k0, ir.Constant(I64, ab)), n_act)])
                 for t, em in enumerate(ems):
@@ -203,15 +209,17 @@ def _emit_sub_rows(
             xb_row = j if sub == 16 else b.add(b.udiv(k, ir.Constant(I64, 16)), j)
             xb = b.gep(r["xb"], [b.mul(xb_row, n_act)])
             for t in range(rows):
-                xs_t = splat_f(b, b.load(b.gep(xb, [ir.Constant(I64, t)])))
-                tmp = fma(b, c, xs_t, b.fmul(sc, b.load(parts[t])))
+                tmp = b.fmul(sc, b.load(parts[t]))
+                if not fold:  # (folded: one operation fewer on the multiply-adds' pipes)
+                    xs_t = splat_f(b, b.load(b.gep(xb, [ir.Constant(I64, t)])))
+                    tmp = fma(b, c, xs_t, tmp)
                 b.store(b.fadd(b.load(accs[t]), tmp), accs[t])
     for t, acc in enumerate(accs):
         out = b.gep(b.bitcast(r["out"], vec(F32, 16).as_pointer()), [ir.Constant(I64, t)])
         b.store(b.load(acc), out, align=4)
 
 
-def _emit_exact_row(b: ir.IRBuilder, four_bit: bool, r: dict[str, ir.Value], five: bool) -> None:
+def _emit_exact_row(b: ir.IRBuilder, four_bit: bool, r: dict[str, ir.Value], five: int) -> None:
     """Exact mode (fp32 activations, 4 bytes per row and group): out[0:16] = sum over
     sub-blocks of sc * sum_k (v_k - off) x_k (+ mn * xs), fused multiply-adds allowed; 5-bit
     values with their fifth bits from hb (kernels/dot.py)."""
@@ -255,7 +263,12 @@ def _data(context: Any, builder: ir.IRBuilder, ty: types.Array, value: ir.Value)
     return builder.bitcast(context.make_array(ty)(context, builder, value).data, I8.as_pointer())
 
 
-def _panel_row(four_bit: bool, rows: int, five: bool = False) -> Any:
+# `five` of the kernels: 0 no fifth bits, 1 5-bit values v, SIGNED_FIVE 5-bit values with an
+# offset and no minimum (Q5_0), which int16 activations multiply as v - off
+SIGNED_FIVE = 2
+
+
+def _panel_row(four_bit: bool, rows: int, five: int = 0) -> Any:
     def typer(typingctx: Any, isa: Any, lanes: Any, w_off: Any, hb: Any, h_off: Any, xq: Any,
               x_off: Any, x_stride: Any, xa: Any, xa_off: Any, xb: Any, xb_off: Any, d: Any,
               dm: Any, isc: Any, imn: Any, s_off: Any, sub_off: Any, sps: Any, has_min: Any,
@@ -327,7 +340,8 @@ def _panel_row(four_bit: bool, rows: int, five: bool = False) -> Any:
 # isa are unused. panel_row_5: 5-bit values, lanes as panel_row_4's and their fifth bits from
 # byte h_off of hb's data (kernels/dot.py); the others never read hb.
 panel_row_4 = _panel_row(True, 1)
-panel_row_5 = _panel_row(True, 1, five=True)
+panel_row_5 = _panel_row(True, 1, five=1)
+panel_row_5s = _panel_row(True, 1, five=SIGNED_FIVE)
 panel_row_8 = _panel_row(False, 1)
 # the same for ROWS (WIDE) consecutive activation rows of one group (x_off the first's; out[16 t:]
 # for row t); WIDE's are always a full group (x_stride 4 * ACT_ROWS). DOUBLE: two full groups,
@@ -335,13 +349,16 @@ panel_row_8 = _panel_row(False, 1)
 ROWS, WIDE, DOUBLE = 4, ACT_ROWS, 2 * ACT_ROWS
 DOUBLE_ISA = int(Isa.AVX512_VNNI)  # the one path DOUBLE's kernels are emitted for
 panel_rows_4 = _panel_row(True, ROWS)
-panel_rows_5 = _panel_row(True, ROWS, five=True)
+panel_rows_5 = _panel_row(True, ROWS, five=1)
+panel_rows_5s = _panel_row(True, ROWS, five=SIGNED_FIVE)
 panel_rows_8 = _panel_row(False, ROWS)
 panel_wide_4 = _panel_row(True, WIDE)
-panel_wide_5 = _panel_row(True, WIDE, five=True)
+panel_wide_5 = _panel_row(True, WIDE, five=1)
+panel_wide_5s = _panel_row(True, WIDE, five=SIGNED_FIVE)
 panel_wide_8 = _panel_row(False, WIDE)
 panel_double_4 = _panel_row(True, DOUBLE)
-panel_double_5 = _panel_row(True, DOUBLE, five=True)
+panel_double_5 = _panel_row(True, DOUBLE, five=1)
+panel_double_5s = _panel_row(True, DOUBLE, five=SIGNED_FIVE)
 panel_double_8 = _panel_row(False, DOUBLE)
 
 
