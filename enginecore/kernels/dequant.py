@@ -223,7 +223,7 @@ def f32_gemm(x, fmt, out, col0, n_rows, parts):
 def dequantize_rows(ids, fmt, out):
     # out (n, K) float32 = rows ids of the matrix (an embedding lookup); lanes uint32 or
     # uint16 (4 or 2 bytes per row and group; two words with 4-bit weights; hb: 5-bit ones'
-    # fifth bits)
+    # fifth bits; 8-bit ones in uint16 lanes as v - off, int8)
     lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min = fmt
     n, K = out.shape
     il = lanes.itemsize
@@ -245,5 +245,7 @@ def dequantize_rows(ids, fmt, out):
                 v = (np.int64(lanes[p, g * LANES + r]) >> shift) & mask
                 if four_bit:
                     v += high_bit(hb, p, g, rem // il, il * r + rem % il, 64)
+                elif il == 2:  # v - off as int8 (kernels/dot.py)
+                    v = v - 256 + off if v > 127 else v + off
             sc, mn = sub_scales(d, dm, isc, imn, p, sps, has_min, k // sub, r)
             out[t, k] = _weight(v, off, sc, mn, has_min)

@@ -12,7 +12,9 @@ are exact integers on every path, so which path ran never changes a result.
 
 Layout of one group of 16 rows (`group_layout`: its bytes and the values of k it covers):
   8-bit weights (`il` = 4 for int8, 2 for int16 activations; 16 * il bytes): byte r * il + b
-    is row r's weight k0 + b.
+    is row r's weight k0 + b; with int16 activations as v - off in two's complement (every
+    8-bit type has an offset and no minimum), sign-extended to words (vpmovsxbw where int8's
+    vpdpbusd needs the unsigned v), so the sums hold the offset's part.
   4-bit weights, int8 activations (64 bytes, 8 values): byte r * 4 + b's low nibble is weight
     k0 + b, its high nibble weight k0 + 4 + b.
   4-bit weights, int16 activations (64 bytes, 8 values): row r's 4 bytes are two 16-bit
@@ -196,7 +198,7 @@ class Emitter:
         il activations (4 bytes at x_off of x: a value, or a constant)."""
         b, isa = self.b, self.isa
         if self.int16 and w.type == vec(I8, 32):
-            w = b.zext(w, vec(I16, 32))  # 8-bit weights widened to words
+            w = b.sext(w, vec(I16, 32))  # 8-bit weights (v - off) widened to words
         if isa == Isa.AVX512_VNNI and self.int16:  # the pair broadcast from memory
             acc = b.load(self.acc[0])
             if isinstance(x_off, int):

@@ -6,8 +6,8 @@ Every GGUF type is decoded at load into one kernel format (enginecore/loader/ggu
 small unsigned integers `v` with a per-type offset, in 16-row panels (layout: kernels/dot.py;
 `lanes` is a panel's bytes viewed as one uint32 (4 bytes per row, int8 activations and exact
 mode) or uint16 (int16 activations: 2 bytes per row, or two words with 4-bit weights) per
-row and group; 5-bit values: 4-bit lanes and their fifth bits in hb, HIGH_BYTES per group), and
-per row:
+row and group; 5-bit values: 4-bit lanes and their fifth bits in hb, HIGH_BYTES per group;
+8-bit values with int16 activations: v - off as int8), and per row:
 
   d  (P, n_super, 16) uint16: fp16 bits of the super-block scale
   dm (P, n_super, 16) uint16: fp16 bits of the super-block minimum (n_super = 0: none)
@@ -19,11 +19,10 @@ so that weight = sc * (v - off) + mn, with sc = d * isc and mn = dm * imn per su
 Integer modes: activations quantized per block (`act_block`: 16 values for int8, 32 for
 int16) to int8 or int16 (scale xa; xb, the sums of each 16 and each 32 dequantized values),
 each panel's exact int32 sums per sub-block, or per activation block when that is shorter,
-from kernels/dot.py (or the portable loop here; Q5_0's of v - off with int16 activations),
-then per output element, in one fixed order, float32 multiplies, adds and fused multiply-adds
-(kernels/simd.py's docstring): the same bits for any row count, thread split or ISA path.
-Exact mode and the embedding lookups:
-kernels/dequant.py.
+from kernels/dot.py (or the portable loop here; with int16 activations Q5_0's and the 8-bit
+types' of v - off), then per output element, in one fixed order, float32 multiplies, adds and
+fused multiply-adds (kernels/simd.py's docstring): the same bits for any row count, thread
+split or ISA path. Exact mode and the embedding lookups: kernels/dequant.py.
 """
 
 import numpy as np
@@ -220,7 +219,8 @@ def high_bit(hb, p, g, part, lane, part_lanes):
 @njit(cache=True, nogil=True, inline="always")
 def _portable_sums(lanes, hb, p, g0, n_groups, four_bit, xq, t, k0, s16, fold):
     # s16 (16,) int32 = the panel's integer sums over groups g0.. against xq[t, k0..]; the
-    # int16 layout's values less `fold` (kernels/simd.py's SIGNED_FIVE: Q5_0 as v - 16)
+    # int16 layout's 4- and 5-bit values less `fold` (kernels/simd.py's SIGNED_FIVE: Q5_0 as
+    # v - 16), its 8-bit ones as they are stored (v - off)
     il = lanes.itemsize
     per_group = group_values(lanes, four_bit)
     for r in range(LANES):
@@ -245,8 +245,11 @@ def _portable_sums(lanes, hb, p, g0, n_groups, four_bit, xq, t, k0, s16, fold):
                     hi = ((w >> (8 * b + 4)) & 15) + high_bit(hb, p, g0 + g, 1, il * r + b, 64)
                     s += lo * xq[act_index(xq, t, kg + b)]
                     s += hi * xq[act_index(xq, t, kg + il + b)]
-                else:
-                    s += ((w >> (8 * b)) & 255) * xq[act_index(xq, t, kg + b)]
+                else:  # int16 panels hold v - off as int8 (kernels/dot.py)
+                    v = (w >> (8 * b)) & 255
+                    if il == 2 and v > 127:
+                        v -= 256
+                    s += v * xq[act_index(xq, t, kg + b)]
             s16[r] += s
 
 
@@ -256,9 +259,9 @@ def _portable_row(lanes, hb, p, four_bit, off, signed, sub, sc, mn, xq, xa, xb, 
     # acc (16,) = panel p's rows times activation row t, in panel_row's order of operations
     # (kernels/simd.py's docstring): per sub-block P = a * S (then P = fma(a, S, P) for each
     # further activation block inside it), tmp = fma(c, xb, sc * P) (c = fma(-off, sc, mn),
-    # xb its activations' sum), acc = acc + tmp; `signed` (SIGNED_FIVE) with int16
-    # activations: S of v - off, and tmp = sc * P
-    fold = signed and lanes.itemsize == 2
+    # xb its activations' sum), acc = acc + tmp; `signed` (SIGNED_FIVE) or 8-bit values with
+    # int16 activations: S of v - off, and tmp = sc * P
+    fold = lanes.itemsize == 2 and (signed or not four_bit)
     per_group = group_values(lanes, four_bit)
     ab = act_block(xq)
     pieces = max(sub // ab, 1)
@@ -270,7 +273,7 @@ def _portable_row(lanes, hb, p, four_bit, off, signed, sub, sc, mn, xq, xa, xb, 
         for h in range(pieces):
             k0 = j * sub + h * plen
             _portable_sums(lanes, hb, p, k0 // per_group, plen // per_group, four_bit, xq, t,
-                           k0, s16, off if fold else 0)  # fmt: skip
+                           k0, s16, off if fold and four_bit else 0)  # fmt: skip
             a = xa[k0 // ab, t]
             for r in range(LANES):
                 fs = np.float32(s16[r])

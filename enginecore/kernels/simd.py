@@ -8,10 +8,11 @@ block, xa that block's scale; a sub-block longer than an activation block, int8'
 in a sub-block of 32, goes on with P = fma(xa, float(S), P) for its next block), then
 tmp = fma(c, xb, sc * P) (xb: the sub-block's dequantized activations' sum, made once by the
 quantizer: kernels/panels.py's xb_index) and acc = acc + tmp (one add on the chain that
-carries from sub-block to sub-block, which bounds a lone row). Q5_0 with int16 activations
-(SIGNED_FIVE: an offset and no minimum) has its values unpacked as v - off (kernels/dot.py),
-so that S holds the offset's part and tmp = sc * P: one float operation fewer per row and
-sub-block on the pipes the multiply-adds use (bench/README). Plain fmul and fadd and
+carries from sub-block to sub-block, which bounds a lone row). With int16 activations, Q5_0
+(SIGNED_FIVE: an offset and no minimum) has its values unpacked as v - off and 8-bit types
+(all with an offset and no minimum) keep them so (kernels/dot.py), so that S holds the
+offset's part and tmp = sc * P: one float operation fewer per row and sub-block on the pipes
+the multiply-adds use (bench/README). Plain fmul and fadd and
 explicit fused multiply-adds (llvm.fma, rounded once on every path; `fma32` for the portable
 loop), no fast-math flags: a portable numba loop doing the same scalar operations
 (kernels/panels.py) gets the same bits.
@@ -161,9 +162,9 @@ def _emit_sub_rows(
     scaled = b.icmp_unsigned(">", r["sps"], ir.Constant(I64, 1))
     c16 = ir.Constant(I64, 16)
     mn = cgutils.alloca_once_value(b, zero)  # type: ignore[no-untyped-call]
-    # SIGNED_FIVE with int16 activations: the values come unpacked as v - off (kernels/dot.py),
-    # so S holds the offset's part and c (no minimum either) is 0: tmp = sc * P
-    fold = five == SIGNED_FIVE and int16
+    # SIGNED_FIVE or 8-bit values with int16 activations: the values come as v - off
+    # (kernels/dot.py), so S holds the offset's part and c (no minimum either) is 0: tmp = sc * P
+    fold = int16 and (five == SIGNED_FIVE or not four_bit)
     neg_off = splat_f(b, b.sitofp(b.neg(r["off"]), F32))
     n_act = r["n_act"]  # xa and xb: one column per activation row
     k = b.mul(r["n_sub"], ir.Constant(I64, sub))  # activation row length

@@ -250,18 +250,38 @@ def test_mixed_parts_fuse_along_the_output_dimension() -> None:
         close(out, want, 1e-5 if numerics == Numerics.EXACT else 3e-2)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q5_1, Q.Q4_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.Q5_1, Q.Q4_1, Q.Q8_0, Q.Q6_K], ids=lambda t: t.name)
 def test_portable_sums_match_numpy_integers(qtype: Q) -> None:
-    dec = gguf_types.decode(qtype, blocks(qtype, 16, 64)[0])
+    dec = gguf_types.decode(qtype, blocks(qtype, 16, 256)[0])
     for numerics in INTEGER:
         m = PackedMatrix.pack(qtype.name, dec, numerics)
-        xq = RNG.integers(-100, 100, (1, 64)).astype(
+        xq = RNG.integers(-100, 100, (1, 256)).astype(
             np.int16 if numerics == Numerics.INT16 else np.int8
         )
         s16 = np.empty(16, np.int32)
         groups = 32 // panels.group_values(m.lanes, m.four_bit)
         panels._portable_sums(m.lanes, m.hb, 0, 0, groups, m.four_bit, xq, 0, 0, s16, 0)
-        np.testing.assert_array_equal(s16, dec.v[:, :32].astype(np.int64) @ xq[0, :32])
+        v = dec.v[:, :32].astype(np.int64)
+        if numerics == Numerics.INT16 and dec.bits == 8:  # int16 panels hold v - off
+            v -= dec.off
+        np.testing.assert_array_equal(s16, v @ xq[0, :32])
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS], ids=lambda t: t.name)
+def test_int16_eight_bit_panels_hold_signed_values(qtype: Q) -> None:
+    # every 8-bit type has an offset and no minimum: its int16 panels keep v - off as int8,
+    # so the sums hold the offset's part (kernels/dot.py); the int8 and exact panels keep v
+    dec = gguf_types.decode(qtype, blocks(qtype, 16, 256)[0])
+    assert dec.bits == 8 and dec.off > 0 and dec.dm is None
+    m = PackedMatrix.pack(qtype.name, dec, Numerics.INT16)
+    stored = m.lanes.view(np.uint8).view(np.int8).reshape(256 // 2, 16, 2)
+    np.testing.assert_array_equal(
+        stored.transpose(1, 0, 2).reshape(16, 256), dec.v.astype(np.int16) - dec.off
+    )
+    unsigned = PackedMatrix.pack(qtype.name, dec, Numerics.INT8)
+    assert int(unsigned.lanes.view(np.uint8).max()) == int(dec.v.max())
+    with pytest.raises(ValueError, match="minimum"):
+        PackedMatrix.pack(qtype.name, dec._replace(dm=dec.d), Numerics.INT16)
 
 
 @pytest.mark.parametrize("numerics", list(Numerics))
@@ -270,20 +290,22 @@ def test_five_bit_types_keep_five_bits_a_value(qtype: Q, numerics: Numerics) -> 
     # 4-bit lanes and a plane of fifth bits: 5/8 of the 8-bit panel's value bytes
     dec = gguf_types.decode(qtype, blocks(qtype)[0])
     m = PackedMatrix.pack(qtype.name, dec, numerics)
-    eight = PackedMatrix.pack(qtype.name, dec._replace(bits=8), numerics)
-    assert m.four_bit and m.hb.nbytes > 0 and eight.hb.nbytes == 0
-    assert m.lanes.nbytes + m.hb.nbytes == eight.lanes.nbytes * 5 // 8
     x = RNG.standard_normal((3, COLS)).astype(np.float32)
     got, want = np.empty((3, ROWS), np.float32), np.empty((3, ROWS), np.float32)
     m.matmul(x, got)
+    if numerics == Numerics.INT16 and dec.dm is not None:
+        # int16 panels of 8-bit values hold v - off, which only types without minimums have
+        # (kernels/dot.py): Q5_1's and Q5_K's against float64 on the same rounded activations
+        assert m.four_bit and m.hb.nbytes > 0
+        close(got, quantized_reference(x, gguf_types.dequantize(dec), numerics), 2e-6)
+        return
+    eight = PackedMatrix.pack(qtype.name, dec._replace(bits=8), numerics)
+    assert m.four_bit and m.hb.nbytes > 0 and eight.hb.nbytes == 0
+    assert m.lanes.nbytes + m.hb.nbytes == eight.lanes.nbytes * 5 // 8
     eight.matmul(x, want)
     if numerics == Numerics.EXACT:  # fp32 sums, in another order of k
         close(got, want, 1e-6)
-    elif numerics == Numerics.INT16 and dec.off:
-        # Q5_0 with int16 activations sums v - off in integers, the 8-bit kernels take the
-        # offset's part in float (kernels/simd.py's SIGNED_FIVE): the same but for rounding
-        close(got, want, 1e-6)
-    else:  # exact integer sums: the same bits
+    else:  # exact integer sums (with int16 Q5_0's of v - off both ways): the same bits
         np.testing.assert_array_equal(bits(got), bits(want))
 
 
