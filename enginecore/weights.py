@@ -166,11 +166,11 @@ class PackedMatrix:
             groups = g[:, :, :, 0, :] | (g[:, :, :, 1, :] << np.uint8(4))
         else:
             if il == 2:  # int16 activations: v - off as int8 (kernels/dot.py)
-                signed = v.astype(np.int16) - dec.off
-                if dec.dm is not None or signed.min() < -128 or signed.max() > 127:
+                lo, hi = int(v.min()), int(v.max())
+                if dec.dm is not None or lo < dec.off - 128 or hi > dec.off + 127:
                     raise ValueError(f"{qtype}: no int16 panel for 8-bit values with a "
                                      "minimum or outside off - 128 .. off + 127")  # fmt: skip
-                v = signed.astype(np.int8).view(np.uint8)
+                v = v + np.uint8(-dec.off % 256)  # v - off modulo 256: its int8 bytes
             groups = v.reshape(n_panels, panels.LANES, k // il, il)
         lanes = np.ascontiguousarray(groups.transpose(0, 2, 1, 3))
         lanes = lanes.view(np.uint16 if il == 2 else np.uint32).reshape(n_panels, -1)
