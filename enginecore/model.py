@@ -146,7 +146,7 @@ class StackedLayers:
     layer a plain Llama layer whose matrices have the same types (so that one compiled loop
     runs them all)."""
 
-    weights: tuple[tuple[Any, ...], ...]  # per layer (wqkv, wo, w_gate_up, w_down) panel parts
+    weights: Any  # per layer (wqkv, wo, w_gate_up, w_down) parts: kernels/layer.py's layer_list
     ffn_norms: F32  # (n_layers, d)
     next_norms: F32  # (n_layers, d): the next layer's attention norm (the last: unused)
     cos: F32  # (n_ropes, max_pos, head_dim // 2)
@@ -210,7 +210,7 @@ def stack_layers(cfg: ModelConfig, w: Weights, rope: list[tuple[F32, F32]]) -> S
             tables.append((cos, sin))
     norms = [lw.attn_norm for lw in w.layers[1:]] + [w.layers[-1].ffn_norm]
     return StackedLayers(
-        tuple(panel_layers),
+        kernel_layer.layer_list(panel_layers),
         np.stack([lw.ffn_norm for lw in w.layers]),
         np.stack(norms),
         np.stack([c for c, _ in tables]),

@@ -17,6 +17,7 @@ from typing import Any
 
 import numba
 from numba import njit
+from numba.typed import List
 
 from enginecore.kernels import ops
 from enginecore.kernels.attention import paged_attention, store_kv
@@ -29,7 +30,7 @@ from enginecore.kernels.panels import int_matmul, quantize_matmul
 PARALLEL_ROW_OPS = 16
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _matmul(x, kind, qmax, parts, isa, out, workers):
     # out = x @ W.T for W the stacked parts; x quantized once for every part, in the first
     # part's parallel region
@@ -90,6 +91,18 @@ def one_type(layers: list[tuple[Any, ...]]) -> bool:
     return len({numba.typeof(layer) for layer in layers}) == 1  # type: ignore[no-untyped-call]
 
 
+def layer_list(layers: list[tuple[Any, ...]]) -> Any:
+    """The layers' weights (one_type) as the numba typed List int_layers takes. A tuple of them
+    was unboxed array by array at every call (a 30-layer Q4_K_M model's ~900 arrays; a tuple
+    of that shape cost 185 us a call in a micro-benchmark, a typed List 28) and made int_layers'
+    compiled wrapper 22.9 MB of LLVM IR: 214 s of a 650 s cold start (bench/README.md). The
+    List's own methods are compiled once per process (numba does not cache them), ~2 s."""
+    out = List()
+    for layer in layers:
+        out.append(layer)
+    return out
+
+
 @njit(cache=True, nogil=True)
 def int_layers(
     x, h, qkv, att, proj, gate_up, act, positions, cos, sin, rope_of_layer, slot_mapping,
@@ -99,7 +112,8 @@ def int_layers(
     # every layer in one call: layer l is int_layer with its rows of the stacked per-layer
     # arrays (cos, sin (n_ropes, max_pos, head_dim // 2) picked by rope_of_layer; the caches
     # (n_layers, ...); ffn_norms, next_norms (n_layers, d); windows (n_layers,)) and its
-    # weights layers[l] = (wqkv, wo, w_gate_up, w_down), so the same compiled layer runs
+    # weights layers[l] = (wqkv, wo, w_gate_up, w_down) (a typed List: layer_list), so the
+    # same compiled layer runs
     n_layers = len(layers)
     for layer in range(n_layers):
         wqkv, wo, w_gate_up, w_down = layers[layer]

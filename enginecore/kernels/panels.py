@@ -330,7 +330,7 @@ def _panel_rows(rows, four_bit, five, signed, args):
         panel_row_8(*args)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
     # (the claims' counters are made out here: an array made inside a parallel function
     # costs its region ~1.7 us, more than a one-row matmul of a small matrix gains from claims)
@@ -422,7 +422,7 @@ def quantize(x, kind, qmax, workers):
     return xq, xa, xb
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def quantize_matmul(x, kind, qmax, fmt, isa, out, col0, n_rows, parts):
     # int_matmul of x (n, K) float32, quantized to kind's type in the same parallel region
     # (_quantize_int_matmul); returns the quantized activations (xq, xa, xb) for further
