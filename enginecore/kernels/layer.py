@@ -93,10 +93,10 @@ def one_type(layers: list[tuple[Any, ...]]) -> bool:
 
 def layer_list(layers: list[tuple[Any, ...]]) -> Any:
     """The layers' weights (one_type) as the numba typed List int_layers takes. A tuple of them
-    was unboxed array by array at every call (a 30-layer Q4_K_M model's ~900 arrays; a tuple
-    of that shape cost 185 us a call in a micro-benchmark, a typed List 28) and made int_layers'
-    compiled wrapper 22.9 MB of LLVM IR: 214 s of a 650 s cold start (bench/README.md). The
-    List's own methods are compiled once per process (numba does not cache them), ~2 s."""
+    was unboxed array by array at every call (a 30-layer Q4_K_M model's ~900 arrays: ~0.6 ms
+    of a one-row step, bench.ab) and made int_layers' compiled wrapper 22.9 MB of LLVM IR:
+    214 s of a 650 s cold start (bench/README.md). The List's own methods are compiled once
+    per process (numba does not cache them), ~2 s."""
     out = List()
     for layer in layers:
         out.append(layer)
