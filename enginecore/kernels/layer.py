@@ -97,10 +97,7 @@ def layer_list(layers: list[tuple[Any, ...]]) -> Any:
     of a one-row step, bench.ab) and made int_layers' compiled wrapper 22.9 MB of LLVM IR:
     214 s of a 650 s cold start (bench/README.md). The List's own methods are compiled once
     per process (numba does not cache them), ~2 s."""
-    out = List()
-    for layer in layers:
-        out.append(layer)
-    return out
+    return List(layers)
 
 
 @njit(cache=True, nogil=True)
