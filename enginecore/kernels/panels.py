@@ -36,7 +36,7 @@ from enginecore.kernels.claim import (
     shares_to_claim,
     sync_add,
 )
-from enginecore.kernels.dot import ACT_ROWS, HIGH_BYTES
+from enginecore.kernels.dot import ACT_ROWS, HIGH_BYTES, isa_of
 from enginecore.kernels.f16 import f16_bits_to_f32
 from enginecore.kernels.simd import (
     DOUBLE,
@@ -378,18 +378,19 @@ def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq
     # out[:, col0 + 16 p ..] = panel p times every activation row
     n = xq.shape[0]
     signed = five and off != 0 and not has_min  # kernels/simd.py's SIGNED_FIVE: Q5_0
-    if isa == 0:
+    code = isa_of(isa)  # (a constant for a dot.Path: the other paths' branches go)
+    if code == 0:
         panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn)
     t = 0
     while t < n:
         rows = 1
-        if isa == DOUBLE_ISA and t + DOUBLE <= n:
+        if code == DOUBLE_ISA and t + DOUBLE <= n:
             rows = DOUBLE
-        elif isa != 0 and t + WIDE <= n:
+        elif code != 0 and t + WIDE <= n:
             rows = WIDE
-        elif isa != 0 and t + ROWS <= n:
+        elif code != 0 and t + ROWS <= n:
             rows = ROWS
-        if isa == 0:
+        if code == 0:
             _portable_row(lanes, hb, p, four_bit, off, signed, sub, sc, mn, xq, xa, xb, t, s16,
                           psum, acc)  # fmt: skip
         else:
