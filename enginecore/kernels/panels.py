@@ -334,7 +334,8 @@ def _panel_rows(rows, four_bit, five, signed, args):
 def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
     # (the claims' counters are made out here: an array made inside a parallel function
     # costs its region ~1.7 us, more than a one-row matmul of a small matrix gains from claims)
-    _int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts, counters(parts))
+    # (np.int64: a caller's literal 0 would otherwise compile a second specialization)
+    _int_matmul(xq, xa, xb, fmt, isa, out, np.int64(col0), n_rows, parts, counters(parts))
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -434,7 +435,7 @@ def quantize_matmul(x, kind, qmax, fmt, isa, out, col0, n_rows, parts):
         _quantize_serial(x, qmax, xq, xa, xb)
         int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts)
     else:
-        _quantize_int_matmul(x, qmax, xq, xa, xb, fmt, isa, out, col0, n_rows, parts,
+        _quantize_int_matmul(x, qmax, xq, xa, xb, fmt, isa, out, np.int64(col0), n_rows, parts,
                              counters(parts), counters(parts), counters(1))  # fmt: skip
     return xq, xa, xb
 

@@ -119,12 +119,18 @@ def test_integer_paths_equal_portable_bit_for_bit(
     n = simd.DOUBLE + simd.WIDE + simd.ROWS + 1  # a block of each row count the kernels take
     x = RNG.standard_normal((n, COLS)).astype(np.float32) * 3
     outs = {}
-    # every path from kernels compiled with all of them (an int), then the selected one from
-    # kernels compiled with it alone (a dot.Path), as a server runs it
+    # every path from one kernel compiled with all of them (an int), then the selected one from
+    # kernels compiled with it alone (a dot.Path), as a server runs it; the quantized
+    # activations made once (the int kernel is then int_matmul's alone, not also the one that
+    # quantizes in its parallel region: each costs a minute or two of a cold CI run)
+    acts = weights.quantize(x, numerics)
     for isa in [*map(int, dot.supported()), dot.SELECTED]:
         monkeypatch.setattr(weights, "ISA", isa)
         outs[isa, type(isa)] = np.full((n, ROWS), np.nan, np.float32)
-        m.matmul(x, outs[isa, type(isa)])
+        m.matmul(x, outs[isa, type(isa)], acts=acts)
+    # and quantized inside the kernel's parallel region, as a server's first matmul of an input
+    outs[dot.SELECTED, "quantizing"] = np.full((n, ROWS), np.nan, np.float32)
+    m.matmul(x, outs[dot.SELECTED, "quantizing"])
     portable = outs[dot.Isa.PORTABLE, int]
     for (isa, kind), out in outs.items():
         np.testing.assert_array_equal(bits(out), bits(portable), err_msg=f"{isa} as {kind}")
@@ -345,7 +351,7 @@ def test_int16_nibble_planes_hold_the_largest_sums(
     for isa in [*map(int, dot.supported()), dot.SELECTED]:  # (as the test above)
         monkeypatch.setattr(weights, "ISA", isa)
         got = np.empty((1, 16), np.float32)
-        m.matmul(x, got)
+        m.matmul(x, got, acts=a)
         want = quantized_reference(x, gguf_types.dequantize(dec), Numerics.INT16)
         close(got, want, 1e-6)
 
