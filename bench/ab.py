@@ -132,7 +132,7 @@ def _run_nth(runner: Any, batches: list[Any], i: int) -> None:
 
 
 def _matmuls(
-    panels: ModuleType, acts: Any, fmt: Any, out: np.ndarray, isa: int, n_out: int, reps: int,
+    panels: ModuleType, acts: Any, fmt: Any, out: np.ndarray, isa: Any, n_out: int, reps: int,
     i: int,
 ) -> None:  # fmt: skip
     for _ in range(reps):
@@ -204,8 +204,10 @@ def matmul_case(args: argparse.Namespace) -> None:
                     acts = w.quantize(x, numerics)
                     out = np.empty((rows, n_out), np.float32)
                     fmt = m.panel_parts()[0][0]
-                    work[side] = (panels, acts, fmt, out, int(w.ISA))
-                    panels.int_matmul(acts.xq, acts.xa, acts.xb, fmt, int(w.ISA), out, 0, n_out, 2)
+                    # (a tree from before weights.isa_arg passed the path as an int)
+                    isa = w.isa_arg() if hasattr(w, "isa_arg") else int(w.ISA)
+                    work[side] = (panels, acts, fmt, out, isa)
+                    panels.int_matmul(acts.xq, acts.xa, acts.xb, fmt, isa, out, 0, n_out, 2)
                     outs[side] = out
                 reps = max(3, int(5e7 // (n_out * k * rows)))
                 calls = {s: partial(_matmuls, *work[s], n_out, reps) for s in work}

@@ -118,7 +118,7 @@ def model_shapes(repeat: int) -> None:
 
                 def call(a: weights.Activations = a, out: np.ndarray = out, fmt: object = fmt,
                          n_out: int = n_out) -> None:  # fmt: skip
-                    panels.int_matmul(a.xq, a.xa, a.xb, fmt, int(dot.SELECTED), out, 0, n_out,
+                    panels.int_matmul(a.xq, a.xa, a.xb, fmt, weights.isa_arg(), out, 0, n_out,
                                       threads.count())  # fmt: skip
 
                 # enough calls for ~0.1 s of multiply-adds at ~100 G MAC/s, at least `repeat`

@@ -297,7 +297,7 @@ def _forward(
             x, h, qkv, att, proj, gate_up, act, positions, stacked.cos, stacked.sin,
             stacked.rope_of_layer, slot_mapping, plan.kernel_tokens, seq_of_token, block_tables,
             cache.k, cache.v, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps,
-            stacked.ffn_norms, stacked.next_norms, stacked.weights, kind, qmax, int(weights.ISA),
+            stacked.ffn_norms, stacked.next_norms, stacked.weights, kind, qmax, weights.isa_arg(),
             threads.count(), stacked.windows, cfg.query_scale,
         )  # fmt: skip
     for layer, lw in enumerate(w.layers if stacked is None or panel_layers is None else ()):
@@ -310,7 +310,7 @@ def _forward(
                 x, h, qkv, att, proj, gate_up, act, positions, cos, sin, slot_mapping,
                 plan.kernel_tokens, seq_of_token, block_tables, cache.k[layer], cache.v[layer],
                 cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps, lw.ffn_norm, next_norm, last,
-                wqkv, wo, w_gate_up, w_down, kind, qmax, int(weights.ISA), threads.count(),
+                wqkv, wo, w_gate_up, w_down, kind, qmax, weights.isa_arg(), threads.count(),
                 cfg.layer_window[layer], cfg.query_scale,
             )  # fmt: skip
             continue

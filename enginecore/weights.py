@@ -27,8 +27,16 @@ I32 = npt.NDArray[np.int32]
 # above it, cache-sized tiles are dequantized for sgemm.
 EXACT_STREAM_MAX_ROWS = 8
 
-# The integer dot-product path of this process (tests may set another the host supports).
-ISA = dot.SELECTED
+# The integer dot-product path of this process: an Isa (tests may set another the host
+# supports), or an int, which runs the same path from kernels compiled with every path
+# (the tests that loop over the paths: one compilation instead of one per path).
+ISA: dot.Isa | int = dot.SELECTED
+
+
+def isa_arg() -> dot.Path | int:
+    """The kernels' `isa` argument for ISA (kernels/dot.py's Path): an Isa as a dot.Path, so
+    that each kernel is compiled with that path alone."""
+    return dot.path(ISA) if isinstance(ISA, dot.Isa) else ISA
 
 
 class Decoded(NamedTuple):
@@ -206,12 +214,12 @@ class PackedMatrix:
         """out[:, col0 : col0 + N] = x (n, K) @ W.T."""
         n_rows, parts = self.shape[0], threads.count()
         if self.numerics != Numerics.EXACT and acts is not None:
-            panels.int_matmul(acts.xq, acts.xa, acts.xb, self._format(), int(ISA), out, col0,
+            panels.int_matmul(acts.xq, acts.xa, acts.xb, self._format(), isa_arg(), out, col0,
                               n_rows, parts)  # fmt: skip
         elif self.numerics != Numerics.EXACT:
             kind, qmax = ACTIVATIONS[self.numerics]
             panels.quantize_matmul(
-                x, kind, qmax, self._format(), int(ISA), out, col0, n_rows, parts
+                x, kind, qmax, self._format(), isa_arg(), out, col0, n_rows, parts
             )
         elif x.shape[0] > EXACT_STREAM_MAX_ROWS and gemm.AVAILABLE:
             dequant.f32_gemm(x, self._format(), out, col0, n_rows, parts)

@@ -41,11 +41,14 @@ Layout of one group of 16 rows (`group_layout`: its bytes and the values of k it
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
 import numba
 from llvmlite import binding as llvm
 from llvmlite import ir
+from numba import types
 from numba.core import cgutils
+from numba.extending import NativeValue, intrinsic, models, register_model, unbox
 
 
 class Isa(IntEnum):
@@ -80,6 +83,83 @@ def supported() -> list[Isa]:
 
 
 SELECTED = max(supported())  # chosen once per process, from the host's features
+
+
+# The kernels' `isa` argument is either an int, which their code compares at run time, so that
+# one compiled kernel holds every path the host runs (the tests that loop over the paths pass
+# ints), or a Path, whose numba type names one path, so that a kernel compiled for it emits that
+# path alone: what a server runs (weights.isa_arg). A kernel holding AVX2, AVX-VNNI and AVX-512
+# took three times as long to compile, and a cold start spent most of its minutes there
+# (bench/README.md, "What a cold start compiles").
+class PathType(types.Dummy):
+    """numba's type of a Path: the path is in the type, the value carries nothing."""
+
+    def __init__(self, isa: Isa) -> None:
+        self.isa = Isa(isa)
+        super().__init__(name=f"Path({self.isa.name})")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # (numba's cache index pickles signatures)
+        return PathType, (int(self.isa),)
+
+
+class Path:
+    """One ISA path as an argument of the kernels (`path(isa)`)."""
+
+    __slots__ = ("_numba_type_", "isa")
+
+    def __init__(self, isa: Isa) -> None:
+        self.isa = isa
+        # numba's dispatcher reads the type from here in C: ~1 us a call, where a typeof_impl
+        # (a call back into Python) cost ~8
+        self._numba_type_ = PathType(isa)
+
+    def __repr__(self) -> str:
+        return f"path({self.isa.name})"
+
+
+_PATHS = {isa: Path(isa) for isa in Isa}
+
+
+def path(isa: Isa) -> Path:
+    return _PATHS[Isa(isa)]
+
+
+register_model(PathType)(models.OpaqueModel)
+
+
+@unbox(PathType)  # type: ignore[no-untyped-call]
+def _unbox_path(typ: PathType, obj: Any, c: Any) -> NativeValue:
+    return NativeValue(c.context.get_dummy_value())  # type: ignore[no-untyped-call]
+
+
+def paths_of(isa_type: Any) -> list[Isa] | None:
+    """The paths a kernel emits for an `isa` argument of this numba type: the one a PathType
+    names, or None for an integer (every path this host runs, compared at run time)."""
+    if isinstance(isa_type, PathType):
+        return [isa_type.isa]
+    return None
+
+
+def _isa_of(typingctx: Any, isa: Any) -> Any:
+    if isinstance(isa, PathType):
+        code = int(isa.isa)
+
+        def constant(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+            return ir.Constant(I64, code)
+
+        return types.int64(isa), constant
+    if isinstance(isa, types.Integer):
+
+        def value(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+            return context.cast(builder, args[0], isa, types.int64)
+
+        return types.int64(isa), value
+    return None
+
+
+# isa_of(isa) -> int64: the Isa value of a kernel's `isa` argument; a constant for a Path, so
+# that LLVM drops the branches of every other path
+isa_of: Any = intrinsic(_isa_of)
 
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)

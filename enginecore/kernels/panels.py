@@ -36,7 +36,7 @@ from enginecore.kernels.claim import (
     shares_to_claim,
     sync_add,
 )
-from enginecore.kernels.dot import ACT_ROWS, HIGH_BYTES
+from enginecore.kernels.dot import ACT_ROWS, HIGH_BYTES, isa_of
 from enginecore.kernels.f16 import f16_bits_to_f32
 from enginecore.kernels.simd import (
     DOUBLE,
@@ -334,7 +334,8 @@ def _panel_rows(rows, four_bit, five, signed, args):
 def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
     # (the claims' counters are made out here: an array made inside a parallel function
     # costs its region ~1.7 us, more than a one-row matmul of a small matrix gains from claims)
-    _int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts, counters(parts))
+    # (np.int64: a caller's literal 0 would otherwise compile a second specialization)
+    _int_matmul(xq, xa, xb, fmt, isa, out, np.int64(col0), n_rows, parts, counters(parts))
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -378,18 +379,19 @@ def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq
     # out[:, col0 + 16 p ..] = panel p times every activation row
     n = xq.shape[0]
     signed = five and off != 0 and not has_min  # kernels/simd.py's SIGNED_FIVE: Q5_0
-    if isa == 0:
+    code = isa_of(isa)  # (a constant for a dot.Path: the other paths' branches go)
+    if code == 0:
         panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn)
     t = 0
     while t < n:
         rows = 1
-        if isa == DOUBLE_ISA and t + DOUBLE <= n:
+        if code == DOUBLE_ISA and t + DOUBLE <= n:
             rows = DOUBLE
-        elif isa != 0 and t + WIDE <= n:
+        elif code != 0 and t + WIDE <= n:
             rows = WIDE
-        elif isa != 0 and t + ROWS <= n:
+        elif code != 0 and t + ROWS <= n:
             rows = ROWS
-        if isa == 0:
+        if code == 0:
             _portable_row(lanes, hb, p, four_bit, off, signed, sub, sc, mn, xq, xa, xb, t, s16,
                           psum, acc)  # fmt: skip
         else:
@@ -433,7 +435,7 @@ def quantize_matmul(x, kind, qmax, fmt, isa, out, col0, n_rows, parts):
         _quantize_serial(x, qmax, xq, xa, xb)
         int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts)
     else:
-        _quantize_int_matmul(x, qmax, xq, xa, xb, fmt, isa, out, col0, n_rows, parts,
+        _quantize_int_matmul(x, qmax, xq, xa, xb, fmt, isa, out, np.int64(col0), n_rows, parts,
                              counters(parts), counters(parts), counters(1))  # fmt: skip
     return xq, xa, xb
 

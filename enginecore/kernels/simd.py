@@ -41,6 +41,7 @@ from enginecore.kernels.dot import (
     group_layout,
     lane_values,
     load_at,
+    paths_of,
     supported,
     vec,
 )
@@ -314,12 +315,16 @@ def _panel_row(four_bit: bool, rows: int, five: int = 0) -> Any:
             if exact:
                 _emit_exact_row(builder, four_bit, row, five)
                 return context.get_dummy_value()
-            isa64 = i64("isa")
-            paths = supported()[1:]  # only what this host runs is ever emitted
+            one = paths_of(ty["isa"])  # a Path: that path alone, no comparison
+            # only what this host runs is ever emitted
+            paths = [p for p in one or supported() if p != Isa.PORTABLE and p in supported()]
             if rows > ACT_ROWS:  # DOUBLE: 512-bit only (the 256-bit paths' 16 ymm would spill)
                 paths = [p for p in paths if p == DOUBLE_ISA]
             for path in paths:
-                hit = builder.icmp_signed("==", isa64, ir.Constant(I64, int(path)))
+                if one:
+                    _emit_rows(builder, path, int16, four_bit, rows, row, five)
+                    continue
+                hit = builder.icmp_signed("==", i64("isa"), ir.Constant(I64, int(path)))
                 with builder.if_then(hit):
                     _emit_rows(builder, path, int16, four_bit, rows, row, five)
             return context.get_dummy_value()
@@ -336,7 +341,8 @@ def _panel_row(four_bit: bool, rows: int, five: int = 0) -> Any:
 # x_off of xq, its next words x_stride bytes apart: kernels/dot.py's ACT_ROWS; its scales xa
 # (K // act_block, n) and sums xb (K // 16 + K // 32, n) from column xa_off = xb_off, the row's
 # index); isa is an Isa other than PORTABLE that this host supports (any other value leaves
-# out untouched). With float32 xq (exact mode), xq's row is contiguous from x_off, xa
+# out untouched), as an int (every such path emitted, one taken at run time) or a dot.Path
+# (that path alone emitted). With float32 xq (exact mode), xq's row is contiguous from x_off, xa
 # (n, K // sub) holds its sums per sub-block from flat element xa_off, and x_stride, xb and
 # isa are unused. panel_row_5: 5-bit values, lanes as panel_row_4's and their fifth bits from
 # byte h_off of hb's data (kernels/dot.py); the others never read hb.

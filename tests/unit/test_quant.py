@@ -3,9 +3,11 @@ on every ISA path this host runs equal to the portable path bit for bit and to f
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import gguf
+import numba
 import numpy as np
 import pytest
 
@@ -117,15 +119,24 @@ def test_integer_paths_equal_portable_bit_for_bit(
     n = simd.DOUBLE + simd.WIDE + simd.ROWS + 1  # a block of each row count the kernels take
     x = RNG.standard_normal((n, COLS)).astype(np.float32) * 3
     outs = {}
-    for isa in dot.supported():
+    # every path from one kernel compiled with all of them (an int), then the selected one from
+    # kernels compiled with it alone (a dot.Path), as a server runs it; the quantized
+    # activations made once (the int kernel is then int_matmul's alone, not also the one that
+    # quantizes in its parallel region: each costs a minute or two of a cold CI run)
+    acts = weights.quantize(x, numerics)
+    for isa in [*map(int, dot.supported()), dot.SELECTED]:
         monkeypatch.setattr(weights, "ISA", isa)
-        outs[isa] = np.full((n, ROWS), np.nan, np.float32)
-        m.matmul(x, outs[isa])
-    for isa, out in outs.items():
-        np.testing.assert_array_equal(bits(out), bits(outs[dot.Isa.PORTABLE]), err_msg=isa.name)
-    close(outs[dot.Isa.PORTABLE], quantized_reference(x, w, numerics), 2e-6)
+        outs[isa, type(isa)] = np.full((n, ROWS), np.nan, np.float32)
+        m.matmul(x, outs[isa, type(isa)], acts=acts)
+    # and quantized inside the kernel's parallel region, as a server's first matmul of an input
+    outs[dot.SELECTED, "quantizing"] = np.full((n, ROWS), np.nan, np.float32)
+    m.matmul(x, outs[dot.SELECTED, "quantizing"])
+    portable = outs[dot.Isa.PORTABLE, int]
+    for (isa, kind), out in outs.items():
+        np.testing.assert_array_equal(bits(out), bits(portable), err_msg=f"{isa} as {kind}")
+    close(portable, quantized_reference(x, w, numerics), 2e-6)
     rel = 2e-2 if numerics == Numerics.INT8 else 1e-4  # against unquantized activations
-    close(outs[dot.Isa.PORTABLE], reference(x, w), rel)
+    close(portable, reference(x, w), rel)
 
 
 @pytest.mark.parametrize("isa", list(dot.Isa), ids=lambda i: i.name)
@@ -133,6 +144,20 @@ def test_isa_paths_the_host_lacks_are_reported(isa: dot.Isa) -> None:
     if isa not in dot.supported():
         pytest.skip(f"this host cannot run {isa.name}")
     assert isa <= dot.SELECTED
+
+
+def test_a_path_argument_names_its_path_in_its_type() -> None:
+    # a dot.Path's numba type holds its Isa (so a kernel compiled for it emits that path
+    # alone) and survives numba's cache index (pickled); an int is every path
+    code = numba.njit(lambda isa: dot.isa_of(isa))
+    for isa in dot.Isa:
+        t = numba.typeof(dot.path(isa))
+        assert t == dot.PathType(isa) != dot.PathType((isa + 1) % len(dot.Isa))
+        assert pickle.loads(pickle.dumps(t)) == t
+        assert dot.paths_of(t) == [isa]
+        assert code(dot.path(isa)) == code(int(isa)) == isa
+    assert dot.paths_of(numba.typeof(int(dot.SELECTED))) is None
+    assert weights.isa_arg() is dot.path(dot.SELECTED)
 
 
 @pytest.mark.parametrize("numerics", INTEGER)
@@ -323,10 +348,10 @@ def test_int16_nibble_planes_hold_the_largest_sums(
     x = np.full((1, 256), sign * 3.0, np.float32)
     a = weights.quantize(x, Numerics.INT16)
     assert (np.abs(a.xq) == 32767).all()
-    for isa in dot.supported():
+    for isa in [*map(int, dot.supported()), dot.SELECTED]:  # (as the test above)
         monkeypatch.setattr(weights, "ISA", isa)
         got = np.empty((1, 16), np.float32)
-        m.matmul(x, got)
+        m.matmul(x, got, acts=a)
         want = quantized_reference(x, gguf_types.dequantize(dec), Numerics.INT16)
         close(got, want, 1e-6)
 
