@@ -19,8 +19,11 @@ Three phases, each runnable alone (`--phases`), every one a fresh start of each 
   (16 slots, its prompt cache on as by default).
 
 `--model` takes a bench.models name (bundled, Q4_K_M, Q8_0, 360M, 1.7B, ...) or a GGUF path.
-Results go to bench/out/compare/<model>/summary.json (a phase run replaces that phase only) and
-to that model's section of bench/RESULTS.md and its plot. Needs `python -m bench.llamacpp
+Each run writes its files under bench/out/compare/<model>/ (the machine's own); the model's
+summary, every phase's runs with their reports, is bench/results-<model>.json, kept in the
+repository beside RESULTS.md: a phase run replaces that phase only, so the model's section of
+bench/RESULTS.md, rewritten with its plot from the summary, keeps the phases measured before,
+on any machine. Needs `python -m bench.llamacpp
 build` (or `--llama-server PATH`). CI does not run it.
 """
 
@@ -41,7 +44,7 @@ from typing import Any
 from bench import llamacpp
 from bench.compare_load import PY, prefix_flags, run_levels, run_round, tl_bench, wait_quiet
 from bench.compare_overload import MAX_NUM_SEQS, TL_ENGINE, overload
-from bench.compare_report import results_path_for, write_results
+from bench.compare_report import results_path_for, summary_path_for, write_results
 from bench.models import catalogue, resolve
 from bench.server_process import LLAMACPP_VENV, ROOT, llama_cpp_python, llama_server, tl_serve
 from shared.config import EngineConfig
@@ -226,8 +229,18 @@ def prefix_phase(args: argparse.Namespace, model: Path, out: Path, binary: Path)
     return {"runs": runs}
 
 
-def measure(args: argparse.Namespace, argv: list[str], model: Path, out: Path) -> dict[str, Any]:
-    """The requested phases, merged into the model's summary.json (other phases kept)."""
+def keep_reports(record: dict[str, Any]) -> None:
+    """Each run's bench.load report (a few KB) into the phase's record, from the file it wrote
+    under bench/out/: the summary then renders without that folder."""
+    for run in record.get("runs", []):
+        if "json" in run:
+            run["report"] = json.loads(Path(run["json"]).read_text())
+
+
+def measure(
+    args: argparse.Namespace, argv: list[str], model: Path, out: Path, path: Path
+) -> dict[str, Any]:
+    """The requested phases, merged into the model's summary at `path` (other phases kept)."""
     binary = args.llama_server
     if binary is None:
         build = llamacpp.find()
@@ -235,7 +248,6 @@ def measure(args: argparse.Namespace, argv: list[str], model: Path, out: Path) -
             sys.exit(f"no llama-server: {llamacpp.how_to_build()}, or pass --llama-server PATH")
         binary = build.bin("llama-server")
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "summary.json"
     summary = json.loads(path.read_text()) if path.exists() else {}
     if summary.get("model") != str(model):
         summary = {"model": str(model), "phases": {}}
@@ -243,6 +255,7 @@ def measure(args: argparse.Namespace, argv: list[str], model: Path, out: Path) -
     for phase in args.phases.split(","):
         started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         record = run_phase[phase](args, model, out, binary)
+        keep_reports(record)
         summary["phases"][phase] = record | {
             "command": "NUMBA_CACHE_DIR=.cache/numba .venv/bin/python -m bench.compare "
             + shlex.join(argv),
@@ -261,11 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     if importlib.util.find_spec("matplotlib") is None:  # the report's plot; fail before measuring
         sys.exit("bench.compare needs matplotlib for its plot: .venv/bin/pip install -e '.[bench]'")
     key = model_key(args.model)
-    out = args.out_dir / key
+    path = summary_path_for(args.results, key)
     if args.report_only:
-        summary = json.loads((out / "summary.json").read_text())
+        summary = json.loads(path.read_text())
     else:
-        summary = measure(args, raw, resolve(args.model), out)
+        summary = measure(args, raw, resolve(args.model), args.out_dir / key, path)
     soak_json = args.out_dir.parent / "soak.json"
     soak = json.loads(soak_json.read_text()) if soak_json.exists() else None
     write_results(args.results, key, summary, soak)

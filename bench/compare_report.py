@@ -47,8 +47,9 @@ next seed: new prompts of the same lengths), and the table shows the least distu
 attempt."""
 
 
-def read_run(path: str) -> RunReport:
-    return msgspec.json.decode(Path(path).read_bytes(), type=RunReport)
+def read_run(run: dict[str, Any]) -> RunReport:
+    """A run's bench.load report, as the summary keeps it (compare.keep_reports)."""
+    return msgspec.convert(run["report"], RunReport)
 
 
 def _ms(d: Dist | None, key: str) -> str:
@@ -76,7 +77,7 @@ def levels_by_label(runs: list[dict[str, Any]]) -> dict[str, dict[int, LevelRepo
     for run in runs:
         if "error" in run:  # a server that did not start has no levels
             continue
-        for lv in read_run(run["json"]).levels:
+        for lv in read_run(run).levels:
             assert lv.concurrency is not None
             out.setdefault(_label(run), {})[lv.concurrency] = lv
     return out
@@ -110,7 +111,7 @@ def prefix_section(runs: list[dict[str, Any]]) -> list[str]:
     ]
     p50: dict[tuple[str, int], float] = {}
     for run in runs:
-        for lv in read_run(run["json"]).levels:
+        for lv in read_run(run).levels:
             assert lv.concurrency is not None
             if lv.ttft_ms:
                 p50[(run["label"], lv.concurrency)] = lv.ttft_ms.p50
@@ -215,7 +216,7 @@ def model_section(key: str, summary: dict[str, Any], plot_path: Path, results_di
     if levels:
         runs = levels["runs"]
         by_label = levels_by_label(runs)
-        plot([read_run(r["json"]) for r in runs if "json" in r], plot_path)
+        plot([read_run(r) for r in runs if "report" in r], plot_path)
         rel = os.path.relpath(plot_path, results_dir)
         parts += [
             f"KV capacity: {levels['kv_tokens']:,} tokens in both servers.",
@@ -320,6 +321,13 @@ def compose(old: str, sections: dict[str, str], soak: str | None) -> str:
 def results_path_for(results: Path, key: str) -> Path:
     """The plot of a model's section: bench/results.png for the bundled model."""
     return results.with_name("results.png" if key == "bundled" else f"results-{key}.png")
+
+
+def summary_path_for(results: Path, key: str) -> Path:
+    """What a model's section is rendered from, every phase's runs with their reports: kept
+    in the repository beside RESULTS.md, so that a run of one phase on a fresh clone keeps
+    the phases measured before (bench/out/, where the runs write, is the machine's own)."""
+    return results.with_name(f"results-{key}.json")
 
 
 def write_results(

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import msgspec
 import pytest
 
-from bench.compare import model_key
+from bench.compare import keep_reports, model_key
 from bench.compare_load import _reseeded
-from bench.compare_report import compose
+from bench.compare_report import compose, levels_by_label, prefix_section, table
 from bench.compare_targets import KQUANT_AND_LARGE, ratios, round_label, target_for
-from bench.load_stats import Dist, LevelReport
+from bench.load_stats import Dist, LevelReport, RunReport
 
 
 def level(c: int, tok_s: float, ttft_p99: float) -> LevelReport:
@@ -132,3 +135,30 @@ def test_rounds_are_shown_side_by_side_and_judged_on_their_median() -> None:
     # a round without its llama-server run is left out of the ratios
     del levels[round_label(anchor, 3)]
     assert "| 3.18x, 2.57x | 2.87x | **no** (>= 3x) |" in row(ratios(levels, "bundled"), 16)
+
+
+def test_a_summary_renders_from_its_own_reports_once_the_run_files_are_gone(
+    tmp_path: Path,
+) -> None:
+    # the summary is kept in the repository (bench/results-<model>.json); bench/out/, where
+    # each run wrote its report, is the measuring machine's own
+    runs = []
+    for label, tok_s in (("tl-serve", 321.0), ("llama-server -np 64", 123.0)):
+        report = RunReport(
+            label=label, base_url="http://127.0.0.1:1", model="m", endpoint="chat",
+            started="2026-12-06T00:00:00+00:00", settings={}, levels=[level(16, tok_s, 900)],
+        )  # fmt: skip
+        path = tmp_path / f"{label}.json"
+        path.write_bytes(msgspec.json.encode(report))
+        runs.append({"label": label, "json": str(path), "concurrency": 16, "other_cores": 0.0,
+                     "server_cores": 1.9})  # fmt: skip
+    record = {"runs": runs, "kv_tokens": 65536}
+    keep_reports(record)
+    summary = json.loads(json.dumps(record))  # as written to and read back from the file
+    for run in runs:
+        Path(run["json"]).unlink()
+    rows = table(levels_by_label(summary["runs"]), summary["runs"])
+    assert any(r.startswith("| tl-serve | 16 | 8/0 | 321.0 |") for r in rows)
+    assert any(r.startswith("| llama-server -np 64 | 16 | 8/0 | 123.0 |") for r in rows)
+    assert any("| tl-serve | 16 | 8/0 | 900 | 900 | 321.0 |" in r
+               for r in prefix_section(summary["runs"]))  # fmt: skip
