@@ -91,7 +91,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out" / "compare")
     p.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
-    p.add_argument("--report-only", action="store_true", help="re-render from summary.json")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="re-render from the summary (bench/results-<model>.json)",
+    )
     args = p.parse_args(argv)
     unknown = set(args.phases.split(",")) - set(PHASES)
     if unknown:
