@@ -235,10 +235,14 @@ def prefix_phase(args: argparse.Namespace, model: Path, out: Path, binary: Path)
 
 def keep_reports(record: dict[str, Any]) -> None:
     """Each run's bench.load report (a few KB) into the phase's record, from the file it wrote
-    under bench/out/: the summary then renders without that folder."""
+    under bench/out/, and its paths relative to the checkout: the summary then renders the
+    same without that folder, from any clone."""
     for run in record.get("runs", []):
         if "json" in run:
             run["report"] = json.loads(Path(run["json"]).read_text())
+        for key in ("json", "command"):
+            if key in run:
+                run[key] = run[key].replace(f"{ROOT}/", "")
 
 
 def measure(

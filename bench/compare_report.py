@@ -16,7 +16,6 @@ import msgspec
 from bench.compare_targets import ratios, round_label
 from bench.load_stats import Dist, LevelReport, RunReport
 from bench.models import catalogue
-from bench.server_process import ROOT
 
 SIMD = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vbmi", "avx512_vnni",
         "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8")  # fmt: skip
@@ -199,7 +198,7 @@ def commands(phases: dict[str, Any]) -> list[str]:
                 lines.append(f"#   its config: {'; '.join(r['server_config'].splitlines())}")
         lines += [
             f"# before: loadavg {r['loadavg']:.2f}, others {r.get('others_before', 0):.2f} cores; "
-            f"during: server / others {_cpu(r)} cores\n" + r["command"].replace(f"{ROOT}/", "")
+            f"during: server / others {_cpu(r)} cores\n" + r["command"]
             for r in runs
         ]
         lines.append("")

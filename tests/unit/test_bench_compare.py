@@ -13,6 +13,7 @@ from bench.compare_load import _reseeded
 from bench.compare_report import compose, levels_by_label, prefix_section, table
 from bench.compare_targets import KQUANT_AND_LARGE, ratios, round_label, target_for
 from bench.load_stats import Dist, LevelReport, RunReport
+from bench.server_process import ROOT
 
 
 def level(c: int, tok_s: float, ttft_p99: float) -> LevelReport:
@@ -151,9 +152,10 @@ def test_a_summary_renders_from_its_own_reports_once_the_run_files_are_gone(
         path = tmp_path / f"{label}.json"
         path.write_bytes(msgspec.json.encode(report))
         runs.append({"label": label, "json": str(path), "concurrency": 16, "other_cores": 0.0,
-                     "server_cores": 1.9})  # fmt: skip
+                     "server_cores": 1.9, "command": f"{ROOT}/.venv/bin/python -m bench.load"})  # fmt: skip
     record = {"runs": runs, "kv_tokens": 65536}
     keep_reports(record)
+    assert runs[0]["command"] == ".venv/bin/python -m bench.load"  # the same from any clone
     summary = json.loads(json.dumps(record))  # as written to and read back from the file
     for run in runs:
         Path(run["json"]).unlink()
