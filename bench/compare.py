@@ -23,8 +23,8 @@ Each run writes its files under bench/out/compare/<model>/ (the machine's own); 
 summary, every phase's runs with their reports, is bench/results-<model>.json, kept in the
 repository beside RESULTS.md: a phase run replaces that phase only, so the model's section of
 bench/RESULTS.md, rewritten with its plot from the summary, keeps the phases measured before,
-on any machine. Needs `python -m bench.llamacpp
-build` (or `--llama-server PATH`). CI does not run it.
+on any machine. Needs `python -m bench.llamacpp build` (or `--llama-server PATH`). CI does
+not run it.
 """
 
 from __future__ import annotations
@@ -46,7 +46,14 @@ from bench.compare_load import PY, prefix_flags, run_levels, run_round, tl_bench
 from bench.compare_overload import MAX_NUM_SEQS, TL_ENGINE, overload
 from bench.compare_report import results_path_for, summary_path_for, write_results
 from bench.models import catalogue, resolve
-from bench.server_process import LLAMACPP_VENV, ROOT, llama_cpp_python, llama_server, tl_serve
+from bench.server_process import (
+    LLAMACPP_VENV,
+    ROOT,
+    in_checkout,
+    llama_cpp_python,
+    llama_server,
+    tl_serve,
+)
 from shared.config import EngineConfig
 
 PHASES = ("levels", "overload", "prefix")
@@ -242,7 +249,7 @@ def keep_reports(record: dict[str, Any]) -> None:
             run["report"] = json.loads(Path(run["json"]).read_text())
         for key in ("json", "command"):
             if key in run:
-                run[key] = run[key].replace(f"{ROOT}/", "")
+                run[key] = in_checkout(run[key])
 
 
 def measure(

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.server_process import ROOT, ServerProcess, busy_cpu_s, get_json, post_json
+from bench.server_process import ROOT, ServerProcess, busy_cpu_s, get_json, in_checkout, post_json
 
 PY = str(ROOT / ".venv" / "bin" / "python")
 INPUT_LEN = "32:64"  # words of the unique user prompt, about one token each
@@ -127,7 +127,7 @@ def _measured(
     config = server.argv[server.argv.index("--config") + 1] if "--config" in server.argv else ""
     return {
         "label": server.label,
-        "server_argv": [a.replace(f"{ROOT}/", "") for a in server.argv],
+        "server_argv": [in_checkout(a) for a in server.argv],
         "server_config": Path(config).read_text() if config else "",
         "json": str(out),
         "command": shlex.join(argv),

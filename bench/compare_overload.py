@@ -14,7 +14,7 @@ from bench.load import first_model
 from bench.load_client import Progress, run_level
 from bench.load_stats import RequestRecord, dist_ms
 from bench.load_workload import LengthDist, Workload, stream_fields
-from bench.server_process import ROOT, ServerProcess
+from bench.server_process import ServerProcess, in_checkout
 
 QUEUE_CAPACITY = 8
 MAX_NUM_SEQS = 16  # tl-serve's running requests, llama-server's slots
@@ -76,7 +76,7 @@ async def overload(server: ServerProcess, load: float) -> dict[str, Any]:
     print(f"overload {server.label}:", figures, flush=True)
     return figures | {
         "label": server.label,
-        "argv": [a.replace(f"{ROOT}/", "") for a in server.argv],  # as compare_load's runs
+        "argv": [in_checkout(a) for a in server.argv],
         "concurrency": CONCURRENCY,
         "requests": REQUESTS,
         "duration_s": result.duration_s,

@@ -24,6 +24,11 @@ LLAMACPP_VENV = ROOT / ".cache" / "llamacpp-venv"
 STOP_GRACE_S = 60.0
 
 
+def in_checkout(text: str) -> str:
+    """text with this checkout's root left out of its paths (relative to the repository)."""
+    return text.replace(f"{ROOT}/", "")
+
+
 def free_port() -> int:
     """A TCP port free on loopback right now."""
     with socket.socket() as s:
