@@ -46,14 +46,7 @@ from bench.compare_load import PY, prefix_flags, run_levels, run_round, tl_bench
 from bench.compare_overload import MAX_NUM_SEQS, TL_ENGINE, overload
 from bench.compare_report import results_path_for, summary_path_for, write_results
 from bench.models import catalogue, resolve
-from bench.server_process import (
-    LLAMACPP_VENV,
-    ROOT,
-    in_checkout,
-    llama_cpp_python,
-    llama_server,
-    tl_serve,
-)
+from bench.server_process import LLAMACPP_VENV, ROOT, llama_cpp_python, llama_server, tl_serve
 from shared.config import EngineConfig
 
 PHASES = ("levels", "overload", "prefix")
@@ -240,18 +233,6 @@ def prefix_phase(args: argparse.Namespace, model: Path, out: Path, binary: Path)
     return {"runs": runs}
 
 
-def keep_reports(record: dict[str, Any]) -> None:
-    """Each run's bench.load report (a few KB) into the phase's record, from the file it wrote
-    under bench/out/, and its paths relative to the checkout: the summary then renders the
-    same without that folder, from any clone."""
-    for run in record.get("runs", []):
-        if "json" in run:
-            run["report"] = json.loads(Path(run["json"]).read_text())
-        for key in ("json", "command"):
-            if key in run:
-                run[key] = in_checkout(run[key])
-
-
 def measure(
     args: argparse.Namespace, argv: list[str], model: Path, out: Path, path: Path
 ) -> dict[str, Any]:
@@ -270,7 +251,6 @@ def measure(
     for phase in args.phases.split(","):
         started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         record = run_phase[phase](args, model, out, binary)
-        keep_reports(record)
         summary["phases"][phase] = record | {
             "command": "NUMBA_CACHE_DIR=.cache/numba .venv/bin/python -m bench.compare "
             + shlex.join(argv),

@@ -92,6 +92,17 @@ def _reseeded(flags: list[str], attempt: int) -> list[str]:
     return flags
 
 
+def run_files(out: Path, argv: list[str]) -> dict[str, Any]:
+    """A finished tl-bench run's file, command and report (read back from `out`) as the
+    model's summary keeps them, paths relative to the checkout: the summary renders without
+    bench/out/ (the machine's own), from any clone."""
+    return {
+        "json": in_checkout(str(out)),
+        "command": in_checkout(shlex.join(argv)),
+        "report": json.loads(out.read_text()),
+    }
+
+
 def _measured(
     server: ServerProcess, out: Path, args: argparse.Namespace, flags: list[str]
 ) -> dict[str, Any]:
@@ -129,8 +140,7 @@ def _measured(
         "label": server.label,
         "server_argv": [in_checkout(a) for a in server.argv],
         "server_config": Path(config).read_text() if config else "",
-        "json": str(out),
-        "command": shlex.join(argv),
+        **run_files(out, argv),
         "loadavg": load,
         "others_before": idle,
         "server_cores": server_cpu / wall,

@@ -47,7 +47,7 @@ attempt."""
 
 
 def read_run(run: dict[str, Any]) -> RunReport:
-    """A run's bench.load report, as the summary keeps it (compare.keep_reports)."""
+    """A run's bench.load report, as the summary keeps it (compare_load.run_files)."""
     return msgspec.convert(run["report"], RunReport)
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bench.compare import keep_reports, model_key
-from bench.compare_load import _reseeded
+from bench.compare import model_key
+from bench.compare_load import _reseeded, run_files
 from bench.compare_report import compose, levels_by_label, prefix_section, table
 from bench.compare_targets import KQUANT_AND_LARGE, ratios, round_label, target_for
 from bench.load_stats import Dist, LevelReport, RunReport
@@ -151,14 +151,14 @@ def test_a_summary_renders_from_its_own_reports_once_the_run_files_are_gone(
         )  # fmt: skip
         path = tmp_path / f"{label}.json"
         path.write_bytes(msgspec.json.encode(report))
-        runs.append({"label": label, "json": str(path), "concurrency": 16, "other_cores": 0.0,
-                     "server_cores": 1.9, "command": f"{ROOT}/.venv/bin/python -m bench.load"})  # fmt: skip
+        kept = run_files(path, [f"{ROOT}/.venv/bin/python", "-m", "bench.load"])
+        runs.append({"label": label, "concurrency": 16, "other_cores": 0.0, "server_cores": 1.9,
+                     **kept})  # fmt: skip
     record = {"runs": runs, "kv_tokens": 65536}
-    keep_reports(record)
     assert runs[0]["command"] == ".venv/bin/python -m bench.load"  # the same from any clone
     summary = json.loads(json.dumps(record))  # as written to and read back from the file
-    for run in runs:
-        Path(run["json"]).unlink()
+    for path in tmp_path.iterdir():
+        path.unlink()
     rows = table(levels_by_label(summary["runs"]), summary["runs"])
     assert any(r.startswith("| tl-serve | 16 | 8/0 | 321.0 |") for r in rows)
     assert any(r.startswith("| llama-server -np 64 | 16 | 8/0 | 123.0 |") for r in rows)
