@@ -5,6 +5,10 @@ PY ?= .venv/bin/python
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 export PYTHONDONTWRITEBYTECODE = 1
 
+# pytest's processes (pytest-xdist), one test file each at a time: most of a cold run is numba
+# compiling on one thread, so two halve the run on this project's 2-core machines (bench/README)
+TEST_WORKERS ?= 2
+
 .PHONY: setup install model testdata gateway fmt lint type test test-all check serve bench
 
 setup: install model testdata
@@ -41,10 +45,10 @@ type: install
 	$(PY) -m mypy
 
 test: setup
-	$(PY) -m pytest tests/unit -q
+	$(PY) -m pytest tests/unit -q -n $(TEST_WORKERS) --dist loadfile
 
 test-all: setup gateway
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 check: setup lint type test-all
 
