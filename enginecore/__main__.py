@@ -43,7 +43,7 @@ def build(cfg: EngineConfig, channel: Channel, owner_token: str = "") -> Engine:
     set_num_threads(cfg.num_threads)
     path = cfg.model_path
     # first: the loader then reuses the parsed file, and drops it after the weights (parsed
-    # after them, its vocabulary's objects stayed resident and the file stayed mapped)
+    # after them, its vocabulary's objects stayed resident)
     metadata = read_tokenizer_metadata(path)
     runner = ModelRunner.from_path(
         path, cfg.block_size, cfg.num_kv_blocks, cfg.kv_cache_bytes, cfg.max_model_len,

@@ -112,15 +112,10 @@ def _read_gguf(path: Path) -> TokenizerMetadata:
     reader = gguf_reader(path)
 
     def field(key: str, required: bool = True) -> Any:
-        f = reader.fields.get(key)
-        if f is None:
-            if required:
-                raise ValueError(f"{path}: GGUF metadata has no {key}")
-            return None
-        try:
-            return f.contents()
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path}: GGUF metadata {key} is not valid UTF-8") from e
+        value = reader.value(key)
+        if value is None and required:
+            raise ValueError(f"{path}: GGUF metadata has no {key}")
+        return value
 
     pre = field("tokenizer.ggml.pre", required=False) or "default"
     model = _served_vocabulary(path, field("tokenizer.ggml.model"), pre)

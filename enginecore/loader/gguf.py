@@ -1,4 +1,5 @@
-"""GGUF checkpoints via the `gguf` package: metadata -> ModelConfig, tensors -> Weights.
+"""GGUF checkpoints (shared/gguf_file.py's parse; the `gguf` package's types and dequantizers):
+metadata -> ModelConfig, tensors -> Weights.
 
 Metadata keys and tensor names are llama.cpp's for each architecture; where llama.cpp fixes a
 value in code rather than in the file (Gemma 3's layer pattern and local RoPE base), its rule
@@ -17,24 +18,19 @@ import numpy.typing as npt
 from enginecore.loader import architectures, gguf_types
 from enginecore.model import ModelConfig, Rope
 from enginecore.weights import F32, Numerics, Part, Weights
-from shared.gguf_file import gguf_reader
+from shared.gguf_file import GgufFile, GgufTensor, gguf_reader
 
 Q = gguf.GGMLQuantizationType
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3's RoPE scaling: a divisor per frequency
 
 
-def _field(reader: gguf.GGUFReader, key: str, default: object = None) -> object:
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
-def read_config(reader: gguf.GGUFReader) -> ModelConfig:
+def read_config(reader: GgufFile) -> ModelConfig:
     """The ModelConfig of a GGUF's metadata (and its rope_freqs.weight, Llama 3's scaling)."""
-    arch = str(_field(reader, "general.architecture"))
+    arch = str(reader.value("general.architecture"))
     fam = architectures.family(arch, gguf=True)
 
     def get(key: str, default: object = None) -> Any:
-        value = _field(reader, f"{arch}.{key}", default)
+        value = reader.value(f"{arch}.{key}", default)
         if value is None:
             raise ValueError(f"GGUF metadata lacks {arch}.{key}")
         return value
@@ -47,6 +43,7 @@ def read_config(reader: gguf.GGUFReader) -> ModelConfig:
         if int(get(key, head_dim)) != head_dim:
             raise ValueError(f"{arch}.{key} = {get(key)} differs from the head size {head_dim}")
     tokens = reader.fields.get("tokenizer.ggml.tokens")
+    assert tokens is None or isinstance(tokens, list)
     tensors = {t.name: t for t in reader.tensors}
     scaling = str(get("rope.scaling.type", "none"))
     if scaling not in ("none", "linear"):
@@ -72,7 +69,7 @@ def read_config(reader: gguf.GGUFReader) -> ModelConfig:
     query_dim = hidden / heads if arch == "gemma3" and layers == 62 else head_dim
     return architectures.make_config(
         fam,
-        vocab=int(get("vocab_size", len(tokens.data) if tokens else None)),
+        vocab=int(get("vocab_size", len(tokens) if tokens else None)),
         hidden=hidden,
         ffn=int(get("feed_forward_length")),
         layers=layers,
@@ -91,31 +88,43 @@ def read_config(reader: gguf.GGUFReader) -> ModelConfig:
     )
 
 
-def _rope_factors(tensors: dict[str, gguf.ReaderTensor], head_dim: int) -> tuple[float, ...] | None:
+def _rope_factors(tensors: dict[str, GgufTensor], head_dim: int) -> tuple[float, ...] | None:
     t = tensors.get(ROPE_FREQS)
     if t is None:
         return None
-    if tuple(int(n) for n in t.shape) != (head_dim // 2,):
+    if t.shape != (head_dim // 2,):
         raise ValueError(
-            f"tensor {ROPE_FREQS} has shape {tuple(t.shape.tolist())}, but the model's config "
+            f"tensor {ROPE_FREQS} has shape {t.shape}, but the model's config "
             f"implies ({head_dim // 2},)"
         )
     return tuple(float(f) for f in _vector(t))
 
 
-def _tensor_data(t: gguf.ReaderTensor) -> npt.NDArray[Any]:
-    """A tensor's bytes read from the file into memory of its own, as the reader shapes them.
-
-    Not through the reader's mapping of the file: every page the loader read there stayed
-    resident until the reader was dropped, so the load peaked at the file's size on top of
-    the weights (1 GB for the 1.7B shape). An F32 tensor is thus never a view of the file."""
-    view = t.data
-    assert isinstance(view, np.memmap), "the gguf reader maps its file"
-    raw = np.fromfile(str(view.filename), np.uint8, count=int(t.n_bytes), offset=int(t.data_offset))
-    return raw.view(view.dtype).reshape(view.shape)
+# what numpy holds a tensor's data as (as the gguf package's reader shapes it): these types
+# element by element, every other type as the bytes of its rows
+_ELEMENTS: dict[int, type[np.generic]] = {
+    Q.F32: np.float32, Q.F16: np.float16, Q.F64: np.float64,
+    Q.I8: np.int8, Q.I16: np.int16, Q.I32: np.int32, Q.I64: np.int64,
+}  # fmt: skip
 
 
-def _part(t: gguf.ReaderTensor, rows: npt.NDArray[np.intp] | None = None) -> Part:
+def _tensor_data(t: GgufTensor) -> npt.NDArray[Any]:
+    """A tensor's bytes read from the file into memory of its own, rows last-dimension-first:
+    typed elements for the types in _ELEMENTS, else each row's blocks as uint8.
+
+    Never a mapping of the file: the pages a loader read through one stayed resident until
+    it was dropped, so the load peaked at the file's size on top of the weights (1 GB for the
+    1.7B shape)."""
+    raw = np.fromfile(str(t.path), np.uint8, count=t.n_bytes, offset=t.data_offset)
+    if raw.size != t.n_bytes:
+        raise ValueError(f"{t.path}: tensor {t.name} lies outside the file")
+    shape = t.shape[::-1]
+    if t.tensor_type in _ELEMENTS:
+        return raw.view(_ELEMENTS[t.tensor_type]).reshape(shape)
+    return raw.reshape(gguf.quant_shape_to_byte_shape(shape, Q(t.tensor_type)))
+
+
+def _part(t: GgufTensor, rows: npt.NDArray[np.intp] | None = None) -> Part:
     """A matrix tensor as fp32 (F32, F16, BF16) or its integer form, rows reordered."""
     qtype = Q(t.tensor_type)
     data = _tensor_data(t)
@@ -131,7 +140,7 @@ def _part(t: gguf.ReaderTensor, rows: npt.NDArray[np.intp] | None = None) -> Par
     return (qtype.name, gguf_types.decode(qtype, data))
 
 
-def _vector(t: gguf.ReaderTensor) -> F32:
+def _vector(t: GgufTensor) -> F32:
     qtype = Q(t.tensor_type)
     if qtype not in gguf_types.DENSE and qtype not in gguf_types.DECODERS:
         raise ValueError(
@@ -152,10 +161,10 @@ def unpermute_rows(num_rows: int, n_head: int) -> npt.NDArray[np.intp]:
 def load(path: Path, numerics: Numerics) -> tuple[ModelConfig, Weights]:
     reader = gguf_reader(path)
     cfg = read_config(reader)
-    fam = architectures.family(str(_field(reader, "general.architecture")), gguf=True)
+    fam = architectures.family(str(reader.value("general.architecture")), gguf=True)
     tensors = {t.name: t for t in reader.tensors}
     expected = architectures.tensor_shapes(cfg, fam)
-    found = {name: tuple(int(n) for n in reversed(t.shape)) for name, t in tensors.items()}
+    found = {name: t.shape[::-1] for name, t in tensors.items()}
     architectures.check_shapes(path, expected, found, lambda name: name == ROPE_FREQS)
     row_order = {}
     if fam.gguf_interleaved_qk:
@@ -170,7 +179,7 @@ def load(path: Path, numerics: Numerics) -> tuple[ModelConfig, Weights]:
     weights = architectures.build_weights(
         cfg, fam, numerics, matrix, lambda name: _vector(tensors[name]), 0.0
     )
-    # the shared reader (cached for the metadata readers) holds one Python object per
-    # vocabulary entry and maps the file: nothing needs it after the weights
+    # the shared parse (cached for the metadata readers) holds one Python object per
+    # vocabulary entry: nothing needs it after the weights
     gguf_reader.cache_clear()
     return cfg, weights

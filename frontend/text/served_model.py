@@ -37,8 +37,8 @@ class ServedModel:
         """Read the model's metadata: tokenizer and chat template (`chat_template` if given, a
         file or the template itself; else the model's own; else DEFAULT_TEMPLATE)."""
         metadata = read_tokenizer_metadata(path)
-        # the parsed file (one Python object per vocabulary entry, the file mapped) is cached
-        # for the core's loader; a frontend needs nothing more of it
+        # the parsed file (one Python object per vocabulary entry) is cached for the core's
+        # loader; a frontend needs nothing more of it
         gguf_reader.cache_clear()
         override = template_source(chat_template)
         template = ChatTemplate(

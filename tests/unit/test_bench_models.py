@@ -10,6 +10,7 @@ import pytest
 
 from bench import models
 from enginecore.loader.gguf import read_config
+from shared.gguf_file import gguf_reader
 from shared.tokenizer_metadata import read_tokenizer_metadata
 from tests.conftest import TinyModels
 
@@ -24,7 +25,8 @@ def written(tiny: TinyModels, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_random_model_has_the_shape_and_tied_embeddings(written: Path, tiny: TinyModels) -> None:
-    cfg = read_config(gguf.GGUFReader(written))
+    cfg = read_config(gguf_reader(written))
+    gguf_reader.cache_clear()
     vocab = len(read_tokenizer_metadata(tiny.gguf_f32).tokens)
     assert (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads) == (128, 2, 4, 2)
     assert (cfg.intermediate_size, cfg.head_dim, cfg.layer_rope[0].theta) == (256, 32, 50_000.0)

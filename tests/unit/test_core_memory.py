@@ -15,7 +15,7 @@ from enginecore.loader import gguf as loader_gguf
 from enginecore.weights import Numerics
 from frontend.text.served_model import ServedModel
 from shared.config import EngineConfig
-from shared.gguf_file import gguf_reader
+from shared.gguf_file import GgufFile, gguf_reader
 from tests.conftest import TinyModels
 from tests.fixtures.engine_harness import FakeChannel
 
@@ -56,7 +56,7 @@ def test_the_loader_reads_tensors_without_the_mapping(
     seen: list[int] = []
 
     class Reader:
-        def __call__(self, p: Path) -> gguf.GGUFReader:
+        def __call__(self, p: Path) -> GgufFile:
             return gguf_reader(p)
 
         def cache_clear(self) -> None:

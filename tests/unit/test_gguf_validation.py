@@ -1,6 +1,7 @@
-"""An untrusted GGUF cannot crash or exhaust the server at load: every corruption of a small
-model ends in a clean refusal (ValueError naming the key or tensor), never another exception
-or a multi-GB allocation. The sweep runs in a child process under a 2 GB data limit."""
+"""The project's GGUF parse gives what the gguf package's reader gives, and an untrusted GGUF
+cannot crash or exhaust the server at load: every corruption of a small model ends in a clean
+refusal (ValueError naming the key or tensor), never another exception or a multi-GB
+allocation. The sweep runs in a child process under a 2 GB data limit."""
 
 from __future__ import annotations
 
@@ -10,14 +11,59 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 
+from enginecore.loader.gguf import _tensor_data
 from shared.gguf_file import MAX_ARRAY_ITEMS, gguf_reader
-from tests.conftest import TinyModels
+from shared.tokenizer_metadata import read_tokenizer_metadata
+from tests.conftest import TinyModels, require_llama_cpp_data
 
 REPO = Path(__file__).resolve().parents[2]
 HUGE = (2**31, 2**32 - 1, 2**40, 2**63 - 1, 2**64 - 1)
+
+
+@pytest.mark.parametrize(
+    "name", ["gguf_quant", "gguf_f32", "gguf_q4_k_m", "ggml-vocab-llama-spm", "ggml-vocab-phi-3"]
+)
+def test_the_parse_equals_the_gguf_packages_reader(tiny: TinyModels, name: str) -> None:
+    # every value as GGUFReader's contents() gives it (type included: a float32 scalar is a
+    # float, a bool a bool), every tensor's place, and its data as the reader shapes it
+    if name.startswith("ggml-vocab"):  # SentencePiece: scores (float arrays), token types
+        path = require_llama_cpp_data() / f"{name}.gguf"
+    else:
+        path = getattr(tiny, name)
+    gguf_reader.cache_clear()
+    ours, theirs = gguf_reader(path), gguf.GGUFReader(path)
+    gguf_reader.cache_clear()
+    fields = {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")}
+    assert list(ours.fields) == list(fields)
+    for key, value in fields.items():
+        got = ours.fields[key]
+        assert (type(got), got) == (type(value), value), key
+        if isinstance(value, list):
+            assert [type(v) for v in got] == [type(v) for v in value], key
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for mine, t in zip(ours.tensors, theirs.tensors, strict=True):
+        place = (int(t.tensor_type), tuple(int(d) for d in t.shape), int(t.n_bytes))
+        assert (mine.tensor_type, mine.shape, mine.n_bytes) == place, t.name
+        assert mine.data_offset == int(t.data_offset), t.name
+        data = _tensor_data(mine)
+        assert (data.dtype, data.shape) == (t.data.dtype, t.data.shape), t.name
+        np.testing.assert_array_equal(data.view(np.uint8), np.asarray(t.data).view(np.uint8))
+
+
+def test_a_string_that_is_not_utf8_is_refused_where_it_is_read(
+    tiny: TinyModels, tmp_path: Path
+) -> None:
+    data = bytearray(tiny.gguf_quant.read_bytes())
+    at = field_offset(bytes(data), "tokenizer.ggml.tokens") + 4 + 4 + 8 + 8  # the first token
+    data[at] = 0xFF
+    path = tmp_path / "bad-utf8.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"tokenizer\.ggml\.tokens is not valid UTF-8"):
+        read_tokenizer_metadata(path)
 
 
 def field_offset(data: bytes, key: str) -> int:
