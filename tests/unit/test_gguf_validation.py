@@ -112,7 +112,15 @@ def cases(data: bytes) -> dict[str, tuple[bytes, str]]:
         "huge dimension": (patched(data, embd + 4, "<Q", 1 << 40), "token_embd.weight"),
         "data offset past the end": (patched(data, offset_at, "<Q", 1 << 40), "token_embd.weight"),
         "unknown tensor type": (patched(data, offset_at - 4, "<I", 99), "token_embd.weight"),
+        "a key twice": (renamed(data, "tokenizer.ggml.model", "general.architecture"), "twice"),
     }
+
+
+def renamed(data: bytes, key: str, other: str) -> bytes:
+    """Metadata key `key` renamed `other` (of the same length)."""
+    assert len(key) == len(other)
+    at = field_offset(data, key) - len(key)
+    return data[:at] + other.encode() + data[at + len(key) :]
 
 
 def test_each_corruption_is_refused_naming_what_is_wrong(tiny: TinyModels, tmp_path: Path) -> None:
