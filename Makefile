@@ -6,7 +6,8 @@ export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 export PYTHONDONTWRITEBYTECODE = 1
 
 # pytest's processes (pytest-xdist), one test file each at a time: most of a cold run is numba
-# compiling on one thread, so two halve the run on this project's 2-core machines (bench/README)
+# compiling on one thread, so two halve the run on this project's 2-core machines (bench/README);
+# tests marked serial run after them, alone
 TEST_WORKERS ?= 2
 
 .PHONY: setup install model testdata gateway fmt lint type test test-all check serve bench
@@ -48,7 +49,8 @@ test: setup
 	$(PY) -m pytest tests/unit -q -n $(TEST_WORKERS) --dist loadfile
 
 test-all: setup gateway
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial"
+	$(PY) -m pytest -q -m serial
 
 check: setup lint type test-all
 
