@@ -98,20 +98,17 @@ class _Header:
         return int(struct.unpack("<Q", self.take(8, what))[0])
 
     def string(self, what: str, limit: int = MAX_STRING_BYTES) -> bytes:
-        n = self.u64(what)
-        if n > limit:
-            raise ValueError(f"{self.path}: {what} is {n} bytes long (at most {limit})")
-        return self.take(n, what)
+        return self.strings(1, what, limit)[0]
 
-    def strings(self, count: int, what: str) -> list[bytes]:
+    def strings(self, count: int, what: str, limit: int = MAX_STRING_BYTES) -> list[bytes]:
         """`count` strings in a row (a vocabulary: this loop is most of a parse)."""
         data, pos, out = self.data, self.pos, []
         for _ in range(count):
             if pos + 8 > len(data):
                 raise ValueError(f"{self.path}: truncated GGUF header at {what}")
             (n,) = _U64.unpack_from(data, pos)
-            if n > MAX_STRING_BYTES:
-                raise ValueError(f"{self.path}: {what} holds a string of {n} bytes")
+            if n > limit:
+                raise ValueError(f"{self.path}: {what} is {n} bytes long (at most {limit})")
             if pos + 8 + n > len(data):
                 raise ValueError(f"{self.path}: truncated GGUF header at {what}")
             out.append(data[pos + 8 : pos + 8 + n])
