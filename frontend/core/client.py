@@ -73,6 +73,21 @@ def curve_options(keys: CurveKeys) -> dict[int, bytes]:
     }
 
 
+def _check_endpoint(context: zmq.Context[Any], address: str) -> None:
+    """Refuse at start an address zmq cannot parse (a tcp:// one without a numeric port):
+    the link's task would otherwise meet it at each connection, with no core ever."""
+    probe = context.socket(zmq.DEALER)
+    try:
+        probe.connect(address)
+        return
+    except zmq.ZMQError as e:
+        error = e
+    finally:
+        probe.close(linger=0)
+    context.term()
+    raise ValueError(f"cannot connect to the engine core at {address!r}: {error}")
+
+
 class CoreClient:
     """Requests out over one DEALER; Welcome, Step, Rejected, Embedded and Stats routed back.
 
@@ -99,6 +114,7 @@ class CoreClient:
         self._heartbeat_s = heartbeat_s
         self._silence_s = silence_s
         self._context = zmq.asyncio.Context()
+        _check_endpoint(self._context, address)
         self._encoder = protocol.encoder()
         self._decoder = protocol.frontend_decoder()
         self._connections = itertools.count()
@@ -254,17 +270,35 @@ class CoreClient:
     def _send(self, message: ToCore) -> None:
         self._outbox.put_nowait(self._encoder.encode(message))
 
-    async def _run(self) -> None:
-        """One connection after another: each lives until the core is lost."""
-        while True:
-            socket = self._context.socket(zmq.DEALER)
-            self.identity = f"fe-{os.getpid()}-{next(self._connections)}"
+    def _connect(self) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
+        """A new DEALER with a new identity, connecting; and the PAIR its monitor reports on."""
+        number = next(self._connections)
+        socket = self._context.socket(zmq.DEALER)
+        try:
+            self.identity = f"fe-{os.getpid()}-{number}"
             socket.setsockopt(zmq.IDENTITY, self.identity.encode())
             socket.setsockopt(zmq.LINGER, 0)
             for option, value in self._curve.items():
                 socket.setsockopt(option, value)
-            monitor = socket.get_monitor_socket(_MONITORED)
+            # named by the connection, not by pyzmq's default (the socket's file descriptor):
+            # a closed socket's descriptor is reused at once while its monitor's endpoint
+            # stays bound until zmq reaps it, and then this bind fails
+            monitor = socket.get_monitor_socket(_MONITORED, f"inproc://core-monitor-{number}")
             socket.connect(self.address)
+        except zmq.ZMQError:
+            socket.close(linger=0)
+            raise
+        return socket, monitor
+
+    async def _run(self) -> None:
+        """One connection after another: each lives until the core is lost."""
+        while True:
+            try:
+                socket, monitor = self._connect()
+            except zmq.ZMQError as e:  # never a dead task and a frontend unready for good
+                log.error("cannot connect to the engine core at %s: %s; retrying", self.address, e)
+                await asyncio.sleep(self._heartbeat_s)
+                continue
             self._outbox = asyncio.Queue()  # what was meant for the lost core is dropped
             self._lost.clear()
             self._send(Hello(self.identity))

@@ -167,7 +167,13 @@ class CoreProcess:
             # a core that crashes again before answering backs off, up to half a minute
             delay = self._respawn_delay_s if handshook else min(2 * delay, _MAX_RESPAWN_DELAY_S)
             log.error("engine core (pid %d) exited with code %d; respawning", proc.pid, code)
-            await asyncio.sleep(delay)
-            if self._stopping.is_set():
-                return
-            await self._spawn()
+            while True:
+                await asyncio.sleep(delay)
+                if self._stopping.is_set():
+                    return
+                try:
+                    await self._spawn()
+                    break
+                except OSError as e:  # no fork, or the interpreter is gone: not a dead watcher
+                    delay = min(2 * delay, _MAX_RESPAWN_DELAY_S)
+                    log.error("cannot respawn the engine core: %s; retrying in %.0f s", e, delay)

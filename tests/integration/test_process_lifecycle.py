@@ -77,7 +77,10 @@ async def test_full_queue_answers_429_with_retry_after(slow: LiveServer) -> None
             refused = await post(url, body)
             assert refused.status == 429, refused.body
             assert time.monotonic() - t0 < 5.0  # at once, not after a wait
-            assert refused.headers["Retry-After"] == "1"
+            # whole seconds from the queue's drain rate since the core started, which the
+            # host's speed moves (2 under a cold compile beside): its arithmetic is
+            # tests/unit/test_queue_rate.py's
+            assert 1 <= int(refused.headers["Retry-After"]) <= 60
             assert refused.doc["error"] == {
                 "message": refused.doc["error"]["message"],
                 "type": "rate_limit_error",
