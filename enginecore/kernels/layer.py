@@ -95,9 +95,25 @@ def layer_list(layers: list[tuple[Any, ...]]) -> Any:
     """The layers' weights (one_type) as the numba typed List int_layers takes. A tuple of them
     was unboxed array by array at every call (a 30-layer Q4_K_M model's ~900 arrays: ~0.6 ms
     of a one-row step, bench.ab) and made int_layers' compiled wrapper 22.9 MB of LLVM IR:
-    214 s of a 650 s cold start (bench/README.md). The List's own methods are compiled once
-    per process (numba does not cache them), ~2 s."""
-    return List(layers)
+    214 s of a 650 s cold start (bench/README.md). The List is built by cached functions:
+    `List(layers)` compiles the List's methods in every process (numba caches none of a typed
+    container's own), ~1 s of each start."""
+    out = _list_of(layers[0])
+    for layer in layers[1:]:
+        _append(out, layer)
+    return out
+
+
+@njit(cache=True)
+def _list_of(layer):
+    out = List()
+    out.append(layer)
+    return out
+
+
+@njit(cache=True)
+def _append(out, layer):
+    out.append(layer)
 
 
 @njit(cache=True, nogil=True)

@@ -59,3 +59,30 @@ def test_a_compiled_and_a_cache_loaded_kernel_give_the_same_bits(tmp_path: Path)
     ]  # fmt: skip
     assert len(digests[0]) == 64
     assert digests[0] == digests[1]
+
+
+_LAYER_LIST_CHILD = """
+import numpy as np
+from numba.core import event
+from enginecore.kernels.layer import layer_list
+with event.install_recorder("numba:compile") as recorder:
+    layer_list([(np.zeros(3, np.float32), np.zeros((2, 2), np.int8))] * 4)
+print(len(recorder.buffer))
+"""
+
+
+def test_the_layer_list_is_built_from_the_cache_in_a_second_process(tmp_path: Path) -> None:
+    # a typed List built in Python compiles the List's methods in every process (~1 s of a
+    # core's start); built by cached functions, a second process compiles nothing
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    compiles = [
+        int(
+            subprocess.run(
+                [sys.executable, "-c", _LAYER_LIST_CHILD],
+                cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=True,
+            ).stdout.split()[-1]
+        )
+        for _ in range(2)
+    ]  # fmt: skip
+    assert compiles[0] > 0  # the first one compiled (the recorder sees compiles)
+    assert compiles[1] == 0
