@@ -1,7 +1,8 @@
 """Hugging Face checkpoints: config.json + *.safetensors, read with the safetensors package.
 
 F32, F16 and BF16 tensors are served; importing ml_dtypes gives numpy the bfloat16 type that
-safetensors' numpy backend needs for BF16 (the Hub's usual dtype). Shapes and dtypes come from
+safetensors' numpy backend needs for BF16 (the Hub's usual dtype), in `load` only: the import
+takes ~1 s, which a core serving a GGUF would pay at every start. Shapes and dtypes come from
 the files' headers and are checked against the config before any tensor is read.
 """
 
@@ -12,7 +13,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes  # noqa: F401 (registers bfloat16 with numpy)
 import numpy as np
 from safetensors import safe_open
 
@@ -154,6 +154,8 @@ def load(model_dir: Path, numerics: Numerics) -> tuple[ModelConfig, Weights]:
         for name, shape in architectures.tensor_shapes(cfg, fam).items()
     }
     architectures.check_shapes(model_dir, expected, shapes, _harmless(cfg.tie_embeddings))
+    import ml_dtypes  # noqa: F401 (registers bfloat16 with numpy)
+
     arrays: dict[str, F32] = {}
     for f in files:
         with safe_open(f, framework="numpy") as st:
