@@ -111,32 +111,41 @@ def _phi3_rstrip_ids(name: str, tokens: list[str], token_types: list[int]) -> li
 def _read_gguf(path: Path) -> TokenizerMetadata:
     reader = gguf_reader(path)
 
-    def field(key: str, required: bool = True) -> Any:
+    def field(key: str, kind: Any, required: bool = True) -> Any:
+        """The value of `key` as `kind` (list[str], int, ...); a value of another type is
+        refused here, not met later as a vocabulary of the characters of one string."""
         value = reader.value(key)
-        if value is None and required:
-            raise ValueError(f"{path}: GGUF metadata has no {key}")
-        return value
+        if value is None:
+            if required:
+                raise ValueError(f"{path}: GGUF metadata has no {key}")
+            return None
+        try:
+            return msgspec.convert(value, kind)
+        except msgspec.ValidationError as e:
+            raise ValueError(f"{path}: GGUF metadata {key} has the wrong type: {e}") from e
 
-    pre = field("tokenizer.ggml.pre", required=False) or "default"
-    model = _served_vocabulary(path, field("tokenizer.ggml.model"), pre)
-    num = len(tokens := field("tokenizer.ggml.tokens"))
-    token_types: list[int] = field("tokenizer.ggml.token_type", required=False) or [NORMAL] * num
+    pre = field("tokenizer.ggml.pre", str, required=False) or "default"
+    model = _served_vocabulary(path, field("tokenizer.ggml.model", object), pre)
+    num = len(tokens := field("tokenizer.ggml.tokens", list[str]))
+    token_types: list[int] = (
+        field("tokenizer.ggml.token_type", list[int], required=False) or [NORMAL] * num
+    )
     if len(token_types) != num:
         raise ValueError(f"{path}: {len(token_types)} token types for {num} tokens")
-    scores: list[float] = field("tokenizer.ggml.scores", required=False) or []
+    scores: list[float] = field("tokenizer.ggml.scores", list[float], required=False) or []
     if model == "llama" and len(scores) != num:
         raise ValueError(f"{path}: {len(scores)} token scores for {num} SentencePiece tokens")
-    merges: list[str] = field("tokenizer.ggml.merges", required=False) or []
+    merges: list[str] = field("tokenizer.ggml.merges", list[str], required=False) or []
     if any(m.find(" ", 1) < 0 for m in merges):
         raise ValueError(f"{path}: tokenizer.ggml.merges holds an entry that is not 'a b'")
 
     def token_id(key: str) -> int | None:
-        value = field(key, required=False)
-        return None if value is None else _checked_id(path, key, int(value), num)
+        value = field(key, int, required=False)
+        return None if value is None else _checked_id(path, key, value, num)
 
     def flag(key: str, default: bool) -> bool:
-        value = field(key, required=False)
-        return default if value is None else bool(value)
+        value = field(key, bool, required=False)
+        return default if value is None else value
 
     bos_id = token_id("tokenizer.ggml.bos_token_id")
     eos_id = token_id("tokenizer.ggml.eos_token_id")
@@ -160,9 +169,9 @@ def _read_gguf(path: Path) -> TokenizerMetadata:
         eos_id=eos_id,
         unk_id=token_id("tokenizer.ggml.unknown_token_id"),
         eos_ids=eos_ids,
-        rstrip_ids=_phi3_rstrip_ids(field("general.name", False) or "", tokens, token_types),
-        chat_template=field("tokenizer.chat_template", required=False),
-        tool_use_template=field("tokenizer.chat_template.tool_use", required=False),
+        rstrip_ids=_phi3_rstrip_ids(field("general.name", str, False) or "", tokens, token_types),
+        chat_template=field("tokenizer.chat_template", str, required=False),
+        tool_use_template=field("tokenizer.chat_template.tool_use", str, required=False),
         add_bos=model == "gemma4" or flag("tokenizer.ggml.add_bos_token", adds_bos),
         add_eos=flag("tokenizer.ggml.add_eos_token", False),
         bos_token="" if bos_id is None else tokens[bos_id],

@@ -100,6 +100,44 @@ def test_gguf_refusals_name_the_file(
     assert str(path) in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("tokenizer.ggml.tokens", "abc", "Expected `array`, got `str`"),
+        ("tokenizer.ggml.token_type", ["1"] * 3, r"Expected `int`, got `str` - at `\$\[0\]`"),
+        ("tokenizer.ggml.merges", [1, 2], "Expected `str`, got `int`"),
+        ("tokenizer.ggml.bos_token_id", "1", "Expected `int`, got `str`"),
+        ("tokenizer.ggml.add_bos_token", 1, "Expected `bool`, got `int`"),
+        ("tokenizer.chat_template", 7, "Expected `str`, got `int`"),
+    ],
+)
+def test_gguf_metadata_of_the_wrong_type_is_refused_by_its_key(
+    tmp_path: Path, key: str, value: object, message: str
+) -> None:
+    # a single string for the tokens was a vocabulary of its characters
+    values: dict[str, object] = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": ["a", "b", "c"],
+        key: value,
+    }
+    w = gguf.GGUFWriter(str(tmp_path / "typed.gguf"), "llama")
+    for k, v in values.items():
+        if isinstance(v, list):
+            w.add_array(k, v)  # of the first item's type
+        elif isinstance(v, str):
+            w.add_string(k, v)
+        else:
+            assert isinstance(v, int)
+            w.add_int32(k, v)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=f"{key} has the wrong type: {message}") as info:
+        read_tokenizer_metadata(tmp_path / "typed.gguf")
+    assert "typed.gguf" in str(info.value)
+
+
 def test_gguf_missing_tokens_and_garbage_file(tmp_path: Path) -> None:
     w = gguf.GGUFWriter(str(tmp_path / "empty.gguf"), "llama")
     w.add_tokenizer_model("gpt2")
