@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from enginecore.kernels import dense, dequant, dot, gemm, panels, threads
+from enginecore.kernels.pack import pack_eight_bit, pack_four_bit
 
 F32 = npt.NDArray[np.float32]
 I32 = npt.NDArray[np.int32]
@@ -158,36 +159,20 @@ class PackedMatrix:
         il = 2 if numerics == Numerics.INT16 else 4  # bytes per row and group
         n, k = dec.v.shape
         n_panels = -(-n // panels.LANES)
-        v = np.pad(dec.v, ((0, n_panels * panels.LANES - n), (0, 0)))
         four_bit = dec.bits <= 5
-        high = None
-        if dec.bits == 5:  # nibbles in the lanes, the fifth bits apart (kernels/dot.py)
-            high, v = v >> 4, v & np.uint8(15)
-        if four_bit and il == 2:  # two words per row: nibble q of word e is k0 + 2q + e
-            w = v.reshape(n_panels, panels.LANES, k // 8, 4, 2).astype(np.uint16)
-            words = w[:, :, :, 0] | w[:, :, :, 1] << 4 | w[:, :, :, 2] << 8 | w[:, :, :, 3] << 12
-            groups: npt.NDArray[Any] = words.view(np.uint8).reshape(
-                n_panels, panels.LANES, k // 8, 4
-            )
-        elif four_bit:
-            g = v.reshape(n_panels, panels.LANES, k // (2 * il), 2, il)
-            groups = g[:, :, :, 0, :] | (g[:, :, :, 1, :] << np.uint8(4))
+        if four_bit:  # 5-bit: nibbles in the lanes, the fifth bits apart (kernels/pack.py)
+            lanes, hb = pack_four_bit(dec.v, n_panels, il, dec.bits == 5)
         else:
+            add = 0
             if il == 2:  # int16 activations: v - off as int8 (kernels/dot.py)
-                lo, hi = int(v.min()), int(v.max())
+                lo, hi = int(dec.v.min()), int(dec.v.max())
                 if dec.dm is not None or lo < dec.off - 128 or hi > dec.off + 127:
                     raise ValueError(f"{qtype}: no int16 panel for 8-bit values with a "
                                      "minimum or outside off - 128 .. off + 127")  # fmt: skip
-                v = v + np.uint8(-dec.off % 256)  # v - off modulo 256: its int8 bytes
-            groups = v.reshape(n_panels, panels.LANES, k // il, il)
-        lanes = np.ascontiguousarray(groups.transpose(0, 2, 1, 3))
-        lanes = lanes.view(np.uint16 if il == 2 else np.uint32).reshape(n_panels, -1)
-        hb = np.zeros((n_panels, 0), np.uint8)
-        if high is not None:  # per group and part, a bit per lane (kernels/dot.py)
-            parts = (4, 2) if il == 2 else (2, 4)  # (parts, a row's values in one part)
-            h = high.reshape(n_panels, panels.LANES, k // 8, *parts).transpose(0, 2, 3, 1, 4)
-            hb = np.packbits(h.reshape(n_panels, -1, 8), axis=-1, bitorder="little")
-            hb = np.ascontiguousarray(hb.reshape(n_panels, -1))
+                add = -dec.off % 256  # v - off modulo 256: its int8 bytes
+            lanes = pack_eight_bit(dec.v, n_panels, il, add)
+            hb = np.zeros((n_panels, 0), np.uint8)
+        lanes = lanes.view(np.uint16 if il == 2 else np.uint32)
 
         def per_row(a: npt.NDArray[Any] | None, dtype: type) -> npt.NDArray[Any]:
             if a is None:
