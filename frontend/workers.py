@@ -20,7 +20,7 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
-from frontend.core.process import die_with_parent
+from frontend.core.process import die_with_parent, respawn
 from shared.config import EngineConfig, parse_listen
 
 log = logging.getLogger(__name__)
@@ -185,10 +185,10 @@ class Workers:
                 code,
                 delay,
             )
-            await asyncio.sleep(delay)
-            if self._stopping.is_set():
+            if not await respawn(
+                lambda: self._spawn(worker), delay, self._stopping, f"worker {worker.role.index}"
+            ):
                 return
-            await self._spawn(worker)
 
     async def _stop_watching(self) -> None:
         for task in self._watchers:

@@ -10,7 +10,7 @@ import os
 import secrets
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from frontend.core.client import CoreClient
 
@@ -40,6 +40,24 @@ def die_with_parent() -> Callable[[], None] | None:
             os._exit(1)
 
     return hook
+
+
+async def respawn(
+    spawn: Callable[[], Awaitable[None]], delay: float, stopping: asyncio.Event, what: str
+) -> bool:
+    """`spawn()` after `delay` seconds; a spawn that raises OSError (no fork, the executable
+    gone for a while) is tried again, the delay doubled up to half a minute: a watcher that
+    died of it would never respawn anything again. False if `stopping` came first."""
+    while True:
+        await asyncio.sleep(delay)
+        if stopping.is_set():
+            return False
+        try:
+            await spawn()
+            return True
+        except OSError as e:
+            delay = min(max(2 * delay, 1.0), _MAX_RESPAWN_DELAY_S)
+            log.error("cannot respawn %s: %s; retrying in %.0f s", what, e, delay)
 
 
 class CoreProcess:
@@ -167,13 +185,5 @@ class CoreProcess:
             # a core that crashes again before answering backs off, up to half a minute
             delay = self._respawn_delay_s if handshook else min(2 * delay, _MAX_RESPAWN_DELAY_S)
             log.error("engine core (pid %d) exited with code %d; respawning", proc.pid, code)
-            while True:
-                await asyncio.sleep(delay)
-                if self._stopping.is_set():
-                    return
-                try:
-                    await self._spawn()
-                    break
-                except OSError as e:  # no fork, or the interpreter is gone: not a dead watcher
-                    delay = min(2 * delay, _MAX_RESPAWN_DELAY_S)
-                    log.error("cannot respawn the engine core: %s; retrying in %.0f s", e, delay)
+            if not await respawn(self._spawn, delay, self._stopping, "the engine core"):
+                return
