@@ -14,6 +14,7 @@ import pytest
 import zmq
 
 from frontend.server import Server
+from shared.config import EngineConfig
 from tests.conftest import TinyModels
 from tests.fixtures.frontend_harness import (
     Serving,
@@ -198,14 +199,19 @@ def write_config(path: Path, engine: dict[str, Any]) -> Path:
 FAKE_CORE = [sys.executable, "-m", "tests.fixtures.fake_core"]
 
 
-async def test_spawned_core_is_respawned_and_drained(tiny: TinyModels, tmp_path: Path) -> None:
+def spawning(model_dir: Path, tmp_path: Path) -> tuple[EngineConfig, Path]:
+    """A frontend's config that spawns its core, and the runtime.toml the core reads."""
     address = f"tcp://127.0.0.1:{free_port()}"
     settings = {"spawn_core": True, "step_delay_ms": 50}
-    config = engine_config(tiny.succ, address, **settings)
     path = write_config(
         tmp_path / "runtime.toml",
-        {"model_dir": str(tiny.succ), "core_address": address, "model_id": "succ"} | settings,
+        {"model_dir": str(model_dir), "core_address": address, "model_id": "succ"} | settings,
     )
+    return engine_config(model_dir, address, **settings), path
+
+
+async def test_spawned_core_is_respawned_and_drained(tiny: TinyModels, tmp_path: Path) -> None:
+    config, path = spawning(tiny.succ, tmp_path)
     argv = [*FAKE_CORE, "--config", str(path)]
     server = Server(config, str(path), argv=argv, core_stop_timeout_s=5)
     process = server.services.process
@@ -242,13 +248,7 @@ async def test_a_core_that_cannot_be_respawned_is_tried_again(
     tiny: TinyModels, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # the core's executable is gone for a while (an upgrade replacing the environment)
-    address = f"tcp://127.0.0.1:{free_port()}"
-    settings = {"spawn_core": True, "step_delay_ms": 50}
-    config = engine_config(tiny.succ, address, **settings)
-    path = write_config(
-        tmp_path / "runtime.toml",
-        {"model_dir": str(tiny.succ), "core_address": address, "model_id": "succ"} | settings,
-    )
+    config, path = spawning(tiny.succ, tmp_path)
     script, away = tmp_path / "core", tmp_path / "core.away"
     script.write_text(f'#!/bin/sh\nexec {" ".join(FAKE_CORE)} "$@"\n')
     script.chmod(0o755)
