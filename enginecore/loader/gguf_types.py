@@ -15,13 +15,12 @@ from typing import Any
 import gguf
 import numpy as np
 import numpy.typing as npt
-from numba import njit
 
+from enginecore.kernels.pack import QK_K, k_nibble_values, q6_k_values
 from enginecore.weights import Decoded
 
 Q = gguf.GGMLQuantizationType
 U8 = npt.NDArray[Any]  # uint8 blocks and values
-QK_K = 256
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
 
 
@@ -121,61 +120,19 @@ def q3_k(b: U8) -> Decoded:
     return _k(low | (high << 2), 4, 16, 4, b[:, :, 108:110], sc.astype(np.int16) - 32)
 
 
-@njit(cache=True, nogil=True)
-def _k_nibble_values(b, start, high_start):  # type: ignore[no-untyped-def]
-    # Q4_K and Q5_K values (n, nb * 256) in one pass (numpy's stacks and shifts made a
-    # temporary of the matrix each: ~1.4 s of a 1.7B Q4_K_M file's load). Chunk c of the
-    # 128 bytes at `start`: byte i holds value 64 c + i (low nibble) and 64 c + 32 + i
-    # (high). Q5_K: bit j of byte i of the 32 at high_start is value 32 j + i's fifth bit.
-    n, nb = b.shape[0], b.shape[1]
-    v = np.empty((n, nb * QK_K), np.uint8)
-    for r in range(n):
-        for block in range(nb):
-            o = block * QK_K
-            for c in range(4):
-                for i in range(32):
-                    byte = b[r, block, start + 32 * c + i]
-                    v[r, o + 64 * c + i] = byte & 15
-                    v[r, o + 64 * c + 32 + i] = byte >> 4
-            if high_start >= 0:
-                for j in range(8):
-                    for i in range(32):
-                        v[r, o + 32 * j + i] |= ((b[r, block, high_start + i] >> j) & 1) << 4
-    return v
-
-
-@njit(cache=True, nogil=True)
-def _q6_k_values(b):  # type: ignore[no-untyped-def]
-    # Q6_K values (n, nb * 256): half s of a block is value 128 s + 32 q + i, for q < 4 and
-    # i < 32; its low 4 bits are nibble q // 2 of byte 64 s + 32 (q % 2) + i of ql (the first
-    # 128 bytes), its high 2 bits bits 2 q of byte 32 s + i of qh (the next 64)
-    n, nb = b.shape[0], b.shape[1]
-    v = np.empty((n, nb * QK_K), np.uint8)
-    for r in range(n):
-        for block in range(nb):
-            o = block * QK_K
-            for s in range(2):
-                for q in range(4):
-                    for i in range(32):
-                        low = (b[r, block, 64 * s + 32 * (q % 2) + i] >> (4 * (q // 2))) & 15
-                        high = (b[r, block, 128 + 32 * s + i] >> (2 * q)) & 3
-                        v[r, o + 128 * s + 32 * q + i] = low | (high << 4)
-    return v
-
-
 def q4_k(b: U8) -> Decoded:
     sc, mn = _k_scales_mins(b[:, :, 4:16])
-    return _k(_k_nibble_values(b, 16, -1), 0, 32, 4, b[:, :, 0:2], sc, b[:, :, 2:4], mn)
+    return _k(k_nibble_values(b, 16, -1), 0, 32, 4, b[:, :, 0:2], sc, b[:, :, 2:4], mn)
 
 
 def q5_k(b: U8) -> Decoded:
     sc, mn = _k_scales_mins(b[:, :, 4:16])
-    return _k(_k_nibble_values(b, 48, 16), 0, 32, 5, b[:, :, 0:2], sc, b[:, :, 2:4], mn)
+    return _k(k_nibble_values(b, 48, 16), 0, 32, 5, b[:, :, 0:2], sc, b[:, :, 2:4], mn)
 
 
 def q6_k(b: U8) -> Decoded:
     scales = b[:, :, 192:208].view(np.int8)
-    return _k(_q6_k_values(b), 32, 16, 8, b[:, :, 208:210], scales)
+    return _k(q6_k_values(b), 32, 16, 8, b[:, :, 208:210], scales)
 
 
 def iq4_xs(b: U8) -> Decoded:
