@@ -19,7 +19,9 @@ import functools
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
+
+import msgspec
 
 MAGIC: Final = b"GGUF"
 MAX_TENSORS: Final = 1 << 16
@@ -58,11 +60,18 @@ class GgufFile:
     tensors: list[GgufTensor]
     undecodable: frozenset[str]  # string keys whose bytes are not UTF-8 (kept with U+FFFD)
 
-    def value(self, key: str, default: object = None) -> object:
-        """The value of `key` (`default` if absent); a ValueError if it is not valid UTF-8."""
+    def value(self, key: str, default: object = None, kind: Any = object) -> Any:
+        """The value of `key` as `kind` (list[str], int, ...; `object`: as stored), `default`
+        if absent; a ValueError if it is not valid UTF-8, or of another type (a single string
+        where a vocabulary belongs would otherwise be a vocabulary of its characters)."""
         if key in self.undecodable:
             raise ValueError(f"{self.path}: GGUF metadata {key} is not valid UTF-8")
-        return self.fields.get(key, default)
+        if key not in self.fields:
+            return default
+        try:
+            return msgspec.convert(self.fields[key], kind)
+        except msgspec.ValidationError as e:
+            raise ValueError(f"{self.path}: GGUF metadata {key} has the wrong type: {e}") from e
 
 
 @functools.lru_cache(maxsize=1)

@@ -112,17 +112,10 @@ def _read_gguf(path: Path) -> TokenizerMetadata:
     reader = gguf_reader(path)
 
     def field(key: str, kind: Any, required: bool = True) -> Any:
-        """The value of `key` as `kind` (list[str], int, ...); a value of another type is
-        refused here, not met later as a vocabulary of the characters of one string."""
-        value = reader.value(key)
-        if value is None:
-            if required:
-                raise ValueError(f"{path}: GGUF metadata has no {key}")
-            return None
-        try:
-            return msgspec.convert(value, kind)
-        except msgspec.ValidationError as e:
-            raise ValueError(f"{path}: GGUF metadata {key} has the wrong type: {e}") from e
+        value = reader.value(key, kind=kind)
+        if value is None and required:
+            raise ValueError(f"{path}: GGUF metadata has no {key}")
+        return value
 
     pre = field("tokenizer.ggml.pre", str, required=False) or "default"
     model = _served_vocabulary(path, field("tokenizer.ggml.model", object), pre)
@@ -159,8 +152,8 @@ def _read_gguf(path: Path) -> TokenizerMetadata:
     return TokenizerMetadata(
         model=model,
         tokens=tokens,
-        token_types=[int(t) for t in token_types],
-        scores=[float(s) for s in scores],
+        token_types=token_types,
+        scores=scores,
         merges=merges,
         pre_tokenizer=pre,
         byte_level=model == "gpt2",

@@ -42,9 +42,7 @@ def read_config(reader: GgufFile) -> ModelConfig:
     for key in ("attention.value_length", "rope.dimension_count"):
         if int(get(key, head_dim)) != head_dim:
             raise ValueError(f"{arch}.{key} = {get(key)} differs from the head size {head_dim}")
-    tokens = reader.value("tokenizer.ggml.tokens")
-    if tokens is not None and not isinstance(tokens, list):
-        raise ValueError(f"{reader.path}: GGUF metadata tokenizer.ggml.tokens is not an array")
+    tokens = reader.value("tokenizer.ggml.tokens", kind=list[str])
     tensors = {t.name: t for t in reader.tensors}
     scaling = str(get("rope.scaling.type", "none"))
     if scaling not in ("none", "linear"):
