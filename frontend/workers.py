@@ -20,12 +20,11 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
-from frontend.core.process import die_with_parent, respawn
+from frontend.core.process import backed_off, die_with_parent, respawn
 from shared.config import EngineConfig, parse_listen
 
 log = logging.getLogger(__name__)
 
-_MAX_RESPAWN_DELAY_S = 30.0
 _STABLE_S = 60.0  # a worker that lived this long is respawned without back-off
 
 
@@ -175,9 +174,7 @@ class Workers:
                 return
             # one that keeps dying soon after its start backs off, up to half a minute
             quick = loop.time() - started < _STABLE_S
-            delay = (
-                min(2 * delay, _MAX_RESPAWN_DELAY_S) if quick and delay else self._respawn_delay_s
-            )
+            delay = backed_off(delay) if quick and delay else self._respawn_delay_s
             log.error(
                 "worker %d (pid %d) exited with code %d; respawning in %.0f s",
                 worker.role.index,

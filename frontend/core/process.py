@@ -20,6 +20,12 @@ _PR_SET_PDEATHSIG = 1
 _MAX_RESPAWN_DELAY_S = 30.0
 
 
+def backed_off(delay: float) -> float:
+    """The wait before the next try of a process that failed again: twice the last one, at
+    most half a minute (the core's and the workers' respawns)."""
+    return min(2 * delay, _MAX_RESPAWN_DELAY_S)
+
+
 def core_argv(config_path: str | None) -> list[str]:
     """`python -m enginecore [--config PATH]` with this interpreter; same environment. The
     core reads its owner token (what its ShutdownCore must carry) from stdin."""
@@ -56,7 +62,7 @@ async def respawn(
             await spawn()
             return True
         except OSError as e:
-            delay = min(max(2 * delay, 1.0), _MAX_RESPAWN_DELAY_S)
+            delay = backed_off(max(delay, 0.5))  # at least 1 s: never a spin
             log.error("cannot respawn %s: %s; retrying in %.0f s", what, e, delay)
 
 
@@ -183,7 +189,7 @@ class CoreProcess:
                 self.failed.set()
                 return
             # a core that crashes again before answering backs off, up to half a minute
-            delay = self._respawn_delay_s if handshook else min(2 * delay, _MAX_RESPAWN_DELAY_S)
+            delay = self._respawn_delay_s if handshook else backed_off(delay)
             log.error("engine core (pid %d) exited with code %d; respawning", proc.pid, code)
             if not await respawn(self._spawn, delay, self._stopping, "the engine core"):
                 return
