@@ -35,6 +35,7 @@ import contextlib
 import datetime
 import importlib.util
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -103,16 +104,47 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def model_key(name: str) -> str:
-    """The folder and section name of a model: its bench.models name, else the file's stem."""
-    return name if name in catalogue() else Path(name).stem
+def model_key(name: str, told: str | None = None) -> str:
+    """The folder and section name of a model: its bench.models name, else the file's stem;
+    `@avx2` after it when NUMBA_CPU_FEATURES (`told`) has both servers compiled for less than
+    the host (bench/isa.py), a run that must not replace the host's own figures."""
+    key = name if name in catalogue() else Path(name).stem
+    if told is None:
+        return key
+    return (
+        f"{key}@{llamacpp.isa_tag(llamacpp.isa_options(llamacpp.told_flags(host_flags(), told)))}"
+    )
+
+
+def host_flags() -> set[str]:
+    return llamacpp.cpu_flags(Path("/proc/cpuinfo").read_text())
+
+
+def told_prefix(told: str | None) -> str:
+    """How a command line sets NUMBA_CPU_FEATURES: by bench.isa's name of it when it is one."""
+    if told is None:
+        return ""
+    from llvmlite import binding as llvm
+
+    from bench.isa import CEILINGS, ceiling_features
+
+    host = dict(llvm.get_host_cpu_features())
+    named = [c for c in CEILINGS if ceiling_features(host, c) == told]
+    value = f"$(.venv/bin/python -m bench.isa {named[0]})" if named else shlex.quote(told)
+    return f"NUMBA_CPU_FEATURES={value} "
 
 
 def machine() -> dict[str, Any]:
     """CPU model, flags and core counts from /proc/cpuinfo; memory from /proc/meminfo."""
     info = llamacpp.cpuinfo_fields(Path("/proc/cpuinfo").read_text())
     mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
+    told = os.environ.get("NUMBA_CPU_FEATURES")
     return {
+        **(
+            {"compiled_as": model_key("", told).lstrip("@"), "numba_cpu_features": told}
+            if told
+            else {}
+        ),
         "cpu": info.get("model name", "?"),
         "flags": info.get("flags", ""),
         "logical_cpus": Path("/proc/cpuinfo").read_text().count("processor\t:"),
@@ -252,7 +284,8 @@ def measure(
         started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         record = run_phase[phase](args, model, out, binary)
         summary["phases"][phase] = record | {
-            "command": "NUMBA_CACHE_DIR=.cache/numba .venv/bin/python -m bench.compare "
+            "command": told_prefix(os.environ.get("NUMBA_CPU_FEATURES"))
+            + "NUMBA_CACHE_DIR=.cache/numba .venv/bin/python -m bench.compare "
             + shlex.join(argv),
             "date": started,
             "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -268,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(raw)
     if importlib.util.find_spec("matplotlib") is None:  # the report's plot; fail before measuring
         sys.exit("bench.compare needs matplotlib for its plot: .venv/bin/pip install -e '.[bench]'")
-    key = model_key(args.model)
+    key = model_key(args.model, os.environ.get("NUMBA_CPU_FEATURES"))
     path = summary_path_for(args.results, key)
     if args.report_only:
         summary = json.loads(path.read_text())

@@ -173,6 +173,12 @@ def machine_section(phases: dict[str, Any]) -> list[str]:
         f"- SIMD flags that matter: {' '.join(f for f in SIMD if f in flags) or 'none'}; absent: "
         f"{' '.join(f for f in SIMD if f not in flags) or 'none'}",
     ]
+    if m.get("compiled_as"):
+        rows.append(
+            f"- both servers compiled as for an `{m['compiled_as']}` CPU on this host "
+            "(bench/isa.py): tl-serve's kernels by NUMBA_CPU_FEATURES, llama.cpp's build "
+            f"`{m['compiled_as']}`; a proxy of such a CPU on this one's memory and clocks"
+        )
     for name, p in phases.items():
         other_cpu = "" if p["machine"]["cpu"] == m["cpu"] else f", on {p['machine']['cpu']}"
         commit = p["versions"].get("tl-serve commit", "?")
@@ -210,7 +216,9 @@ def model_section(key: str, summary: dict[str, Any], plot_path: Path, results_di
     from bench.plot import plot
 
     phases = summary["phases"]
-    parts = [f"## {Path(summary['model']).name} (`--model {key}`)", ""]
+    name, _, compiled_as = key.partition("@")
+    as_cpu = f", compiled as for an {compiled_as.upper()} CPU" if compiled_as else ""
+    parts = [f"## {Path(summary['model']).name} (`--model {name}`{as_cpu})", ""]
     levels = phases.get("levels")
     if levels:
         runs = levels["runs"]

@@ -30,7 +30,9 @@ TARGETS = {
 
 
 def target_for(key: str) -> Target | None:
-    """The targets of a bench model by its name; the 1.7B shape's hold for each of its files."""
+    """The targets of a bench model by its name; the 1.7B shape's hold for each of its files,
+    and a model's hold for it compiled as an older CPU (`bundled@avx2`: bench/isa.py)."""
+    key = key.partition("@")[0]
     return TARGETS.get(key) or TARGETS.get(key.split("-")[0] if key.startswith("1.7B") else "")
 
 

@@ -5,7 +5,8 @@
 
 `build` downloads the sdist with pip, configures CMake Release with GGML_NATIVE off and the
 host's x86 extensions turned on one by one from /proc/cpuinfo (AMX always off: it is
-advertised on some of these hosts and traps), shared libraries on, and builds llama-server,
+advertised on some of these hosts and traps; NUMBA_CPU_FEATURES, when set, turns off what it
+turns off: bench/isa.py), shared libraries on, and builds llama-server,
 llama-bench, llama-batched-bench, llama-quantize and llama-perplexity into
 ~/.cache/tl-serve/llama.cpp/<version>-<isa tag>/{bin,lib}, with build.json and README.md
 (version, options, exact commands). A finished build is found and left alone. Standard
@@ -18,6 +19,7 @@ import argparse
 import datetime
 import hashlib
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -106,8 +108,28 @@ def isa_tag(options: dict[str, bool]) -> str:
     return "-".join(parts) or "generic"
 
 
+# /proc/cpuinfo's name of a flag -> LLVM's, where they differ (NUMBA_CPU_FEATURES uses LLVM's)
+LLVM_NAMES = {
+    "sse4_2": "sse4.2",
+    "avx512_vnni": "avx512vnni",
+    "avx_vnni": "avxvnni",
+    "avx512_bf16": "avx512bf16",
+}
+
+
+def told_flags(flags: set[str], told: str | None) -> set[str]:
+    """The host's flags less those an LLVM feature string (NUMBA_CPU_FEATURES) turns off: the
+    llama.cpp to measure against is the one built for the CPU tl-serve's kernels compile for."""
+    if told is None:
+        return flags
+    off = {item.strip()[1:] for item in told.split(",") if item.strip().startswith("-")}
+    return {flag for flag in flags if LLVM_NAMES.get(flag, flag) not in off}
+
+
 def host_options() -> dict[str, bool]:
-    return isa_options(cpu_flags(Path("/proc/cpuinfo").read_text()))
+    """The options for this host, as NUMBA_CPU_FEATURES narrows it (bench/isa.py)."""
+    flags = cpu_flags(Path("/proc/cpuinfo").read_text())
+    return isa_options(told_flags(flags, os.environ.get("NUMBA_CPU_FEATURES")))
 
 
 def build_root(version: str, options: dict[str, bool]) -> Path:

@@ -68,10 +68,30 @@ _NEEDS = {
 
 
 def host_features() -> set[str]:
-    """The CPU features LLVM compiles numba code for on this host."""
-    if numba.config.CPU_NAME not in (None, "host"):  # type: ignore[attr-defined]
-        return set()  # compiled for another CPU (a portable cache): only plain loops
-    return {name for name, on in llvm.get_host_cpu_features().items() if on}
+    """The CPU features LLVM compiles numba code for: the host's, or as numba is told.
+
+    NUMBA_CPU_NAME names another CPU (`generic` for a portable cache): only the features
+    NUMBA_CPU_FEATURES turns on. NUMBA_CPU_FEATURES alone ("+avx2,-avx512f,..."): the host's,
+    each one it names turned on or off, so that `-avx512f,-avxvnni` compiles every kernel as
+    for an AVX2-only CPU on any host (bench/isa.py).
+    """
+    name = numba.config.CPU_NAME  # type: ignore[attr-defined]
+    told = numba.config.CPU_FEATURES  # type: ignore[attr-defined]
+    on = set()
+    if name in (None, "host"):
+        on = {feature for feature, has in llvm.get_host_cpu_features().items() if has}
+    return on if told is None else features_told(on, told)
+
+
+def features_told(on: set[str], told: str) -> set[str]:
+    """`on` with each feature of an LLVM feature string ("+avx2,-avx512f") turned on or off."""
+    on = set(on)
+    for item in filter(None, (part.strip() for part in told.split(","))):
+        if item[0] == "-":
+            on.discard(item[1:])
+        else:
+            on.add(item.removeprefix("+"))
+    return on
 
 
 _HOST = host_features()

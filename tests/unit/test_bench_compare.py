@@ -164,3 +164,12 @@ def test_a_summary_renders_from_its_own_reports_once_the_run_files_are_gone(
     assert any(r.startswith("| llama-server -np 64 | 16 | 8/0 | 123.0 |") for r in rows)
     assert any("| tl-serve | 16 | 8/0 | 900 | 900 | 321.0 |" in r
                for r in prefix_section(summary["runs"]))  # fmt: skip
+
+
+def test_a_run_compiled_as_an_older_cpu_is_a_section_of_its_own_with_the_same_targets() -> None:
+    # NUMBA_CPU_FEATURES (bench/isa.py) must not replace the host's own figures
+    told = "+avx2,-avx512f,-avx512vnni,-avxvnni,-avx512bf16,-avx512vbmi"
+    assert model_key("bundled", told) == "bundled@avx2"
+    assert model_key("/x/my-model.Q4_0.gguf", told) == "my-model.Q4_0@avx2"
+    assert target_for("bundled@avx2") == target_for("bundled") is not None
+    assert target_for("1.7B-Q4_K_M@avx2") == target_for("1.7B")

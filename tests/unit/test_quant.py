@@ -362,3 +362,11 @@ def test_the_loaded_file_is_not_kept_mapped(tiny: TinyModels, which: str) -> Non
     path = getattr(tiny, which)
     _, _weights = loader.load(path, Numerics.INT16)  # alive while the maps are read
     assert str(path) not in Path("/proc/self/maps").read_text()
+
+
+def test_the_features_numba_is_told_are_the_ones_the_paths_are_chosen_from() -> None:
+    host = {"avx", "avx2", "avx512f", "avx512bw", "avx512vnni", "avxvnni"}
+    told = dot.features_told(host, "+sse4.2, -avx512f,-avxvnni,,avx512ifma")
+    assert told == {"avx", "avx2", "avx512bw", "avx512vnni", "sse4.2", "avx512ifma"}
+    assert dot.features_told(host, "") == host
+    assert dot.features_told(set(), "+avx2,+fma") == {"avx2", "fma"}  # NUMBA_CPU_NAME=znver3
