@@ -36,7 +36,7 @@ from enginecore.kernels.claim import (
     shares_to_claim,
     sync_add,
 )
-from enginecore.kernels.dot import ACT_ROWS, HIGH_BYTES, isa_of
+from enginecore.kernels.dot import ACT_ROWS, HIGH_BYTES, Isa, isa_of
 from enginecore.kernels.f16 import f16_bits_to_f32
 from enginecore.kernels.simd import (
     DOUBLE,
@@ -64,6 +64,7 @@ from enginecore.kernels.simd import (
 )
 
 LANES = 16  # output rows per panel
+AVX2_ISA = int(Isa.AVX2)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -387,7 +388,7 @@ def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq
         rows = 1
         if code == DOUBLE_ISA and t + DOUBLE <= n:
             rows = DOUBLE
-        elif code != 0 and t + WIDE <= n:
+        elif code != 0 and t + WIDE <= n and not (code == AVX2_ISA and xq.itemsize == 2):
             rows = WIDE
         elif code != 0 and t + ROWS <= n:
             rows = ROWS
