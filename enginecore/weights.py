@@ -128,6 +128,18 @@ class DenseMatrix:
         return None  # the dense kernel, not the integer panel kernels
 
 
+def five_as_eight_here(dec: Decoded, numerics: Numerics) -> bool:
+    """Whether this process packs `dec` as 8-bit values: Q5_0 (5 bits, offset 16, no minimum)
+    under int16 activations on the AVX2 path. There, without mask registers, adding each
+    value's fifth bit costs a broadcast, an and, a compare, an and and an add per 16 lanes
+    (kernels/dot.py's with_high), more than the multiply-adds it feeds; 8-bit panels hold
+    v - 16 in an int8 (one sign-extension per 16 weights) for 8.5 bits a weight instead of
+    5.5. The sums are the same exact integers of v - 16 and the float steps after them the
+    same (kernels/simd.py: both fold the offset), so the bits do not change."""
+    five = dec.bits == 5 and dec.dm is None
+    return five and numerics == Numerics.INT16 and ISA == dot.Isa.AVX2
+
+
 def _panel_major(a: npt.NDArray[Any], n_panels: int, width: int = panels.LANES) -> npt.NDArray[Any]:
     """(N, m) per-row values -> (P, m, width), zero rows padding the last panel."""
     pad = n_panels * width - a.shape[0]
@@ -155,11 +167,17 @@ class PackedMatrix:
     imn: npt.NDArray[np.int8]  # (P, n_sub or 0, 16)
 
     @staticmethod
-    def pack(qtype: str, dec: Decoded, numerics: Numerics) -> PackedMatrix:
+    def pack(
+        qtype: str, dec: Decoded, numerics: Numerics, five_as_eight: bool | None = None
+    ) -> PackedMatrix:
+        """`five_as_eight`: 5-bit values without a minimum (Q5_0) in 8-bit panels under int16
+        activations; by default where the process's path is AVX2 (five_as_eight_here)."""
         il = 2 if numerics == Numerics.INT16 else 4  # bytes per row and group
         n, k = dec.v.shape
         n_panels = -(-n // panels.LANES)
-        four_bit = dec.bits <= 5
+        if five_as_eight is None:
+            five_as_eight = five_as_eight_here(dec, numerics)
+        four_bit = dec.bits <= 5 and not five_as_eight
         if four_bit:  # 5-bit: nibbles in the lanes, the fifth bits apart (kernels/pack.py)
             lanes, hb = pack_four_bit(dec.v, n_panels, il, dec.bits == 5)
         else:

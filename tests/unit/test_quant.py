@@ -370,3 +370,40 @@ def test_the_features_numba_is_told_are_the_ones_the_paths_are_chosen_from() -> 
     assert told == {"avx", "avx2", "avx512bw", "avx512vnni", "sse4.2", "avx512ifma"}
     assert dot.features_told(host, "") == host
     assert dot.features_told(set(), "+avx2,+fma") == {"avx2", "fma"}  # NUMBA_CPU_NAME=znver3
+
+
+def test_q5_0_in_eight_bit_panels_gives_the_five_bit_panels_bits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the AVX2 path packs Q5_0 as 8-bit values under int16 activations (weights.
+    # five_as_eight_here): the same exact sums of v - 16, the same float steps after them
+    raw, w = blocks(Q.Q5_0)
+    dec = gguf_types.decode(Q.Q5_0, raw)
+    five = PackedMatrix.pack("Q5_0", dec, Numerics.INT16, five_as_eight=False)
+    eight = PackedMatrix.pack("Q5_0", dec, Numerics.INT16, five_as_eight=True)
+    assert five.four_bit and five.hb.shape[1] > 0
+    assert not eight.four_bit and eight.hb.shape[1] == 0
+    n = simd.WIDE + simd.ROWS + 3  # a block of each row count the 256-bit paths take, and one
+    x = RNG.standard_normal((n, COLS)).astype(np.float32) * 3
+    acts = weights.quantize(x, Numerics.INT16)
+    want = np.empty((n, ROWS), np.float32)
+    five.matmul(x, want, acts=acts)
+    close(want, quantized_reference(x, w, Numerics.INT16), 2e-6)
+    for isa in map(int, dot.supported()):
+        monkeypatch.setattr(weights, "ISA", isa)
+        got = np.full((n, ROWS), np.nan, np.float32)
+        eight.matmul(x, got, acts=acts)
+        np.testing.assert_array_equal(bits(got), bits(want), err_msg=dot.Isa(isa).name)
+
+
+@pytest.mark.parametrize("isa", list(dot.Isa), ids=lambda i: i.name)
+def test_only_the_avx2_path_packs_q5_0_as_eight_bit(
+    isa: dot.Isa, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(weights, "ISA", isa)
+    decs = {t: gguf_types.decode(t, blocks(t, 16, 256)[0]) for t in (Q.Q5_0, Q.Q5_1, Q.Q5_K)}
+    for qtype, dec in decs.items():
+        for numerics in INTEGER:
+            packed = PackedMatrix.pack(qtype.name, dec, numerics)
+            as_eight = isa == dot.Isa.AVX2 and qtype == Q.Q5_0 and numerics == Numerics.INT16
+            assert packed.four_bit != as_eight, (qtype.name, numerics)
