@@ -109,15 +109,13 @@ def model_key(name: str, told: str | None = None) -> str:
     `@avx2` after it when NUMBA_CPU_FEATURES (`told`) has both servers compiled for less than
     the host (bench/isa.py), a run that must not replace the host's own figures."""
     key = name if name in catalogue() else Path(name).stem
-    if told is None:
-        return key
-    return (
-        f"{key}@{llamacpp.isa_tag(llamacpp.isa_options(llamacpp.told_flags(host_flags(), told)))}"
-    )
+    return key if told is None else f"{key}@{compiled_as(told)}"
 
 
-def host_flags() -> set[str]:
-    return llamacpp.cpu_flags(Path("/proc/cpuinfo").read_text())
+def compiled_as(told: str) -> str:
+    """The llama.cpp build tag of the CPU an LLVM feature string makes of this host ('avx2')."""
+    flags = llamacpp.cpu_flags(Path("/proc/cpuinfo").read_text())
+    return llamacpp.isa_tag(llamacpp.isa_options(llamacpp.told_flags(flags, told)))
 
 
 def told_prefix(told: str | None) -> str:
@@ -140,11 +138,7 @@ def machine() -> dict[str, Any]:
     mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
     told = os.environ.get("NUMBA_CPU_FEATURES")
     return {
-        **(
-            {"compiled_as": model_key("", told).lstrip("@"), "numba_cpu_features": told}
-            if told
-            else {}
-        ),
+        **({"compiled_as": compiled_as(told), "numba_cpu_features": told} if told else {}),
         "cpu": info.get("model name", "?"),
         "flags": info.get("flags", ""),
         "logical_cpus": Path("/proc/cpuinfo").read_text().count("processor\t:"),
