@@ -132,6 +132,7 @@ class CoreClient:
         self._core_stopping = False  # ShutdownCore sent: its Shutdown is no surprise
         self._linger_ms = 0
         self._task: asyncio.Task[None] | None = None
+        self._io: list[asyncio.Task[None]] = []  # the current connection's reader, writer, monitor
         self.identity = ""
         self.last_welcome: Welcome | None = None  # kept after a loss: which core pid handshook
 
@@ -291,32 +292,56 @@ class CoreClient:
         return socket, monitor
 
     async def _run(self) -> None:
-        """One connection after another: each lives until the core is lost."""
+        """One connection after another: each lives until the core is lost. Nothing ends this
+        task but close(): a frontend whose link died would stay unready for good, silently."""
         while True:
             try:
                 socket, monitor = self._connect()
-            except zmq.ZMQError as e:  # never a dead task and a frontend unready for good
+            except zmq.ZMQError as e:
                 log.error("cannot connect to the engine core at %s: %s; retrying", self.address, e)
                 await asyncio.sleep(self._heartbeat_s)
                 continue
-            self._outbox = asyncio.Queue()  # what was meant for the lost core is dropped
-            self._lost.clear()
-            self._send(Hello(self.identity))
-            io = [
-                asyncio.create_task(self._read(socket), name="core-client-read"),
-                asyncio.create_task(self._write(socket), name="core-client-write"),
-                asyncio.create_task(self._hang_up(monitor), name="core-client-monitor"),
-            ]
             try:
-                await self._watch()
-            finally:
-                for task in io:
-                    task.cancel()
-                await asyncio.gather(*io, return_exceptions=True)
-                monitor.close(linger=0)
-                socket.close(linger=self._linger_ms)
+                await self._connection(socket, monitor)
+            except Exception:
+                log.exception(
+                    "the link to the engine core at %s failed; reconnecting", self.address
+                )
+                self.lose("its link failed")
+                await asyncio.sleep(self._heartbeat_s)
             if self._core_stopping:
                 await asyncio.Event().wait()  # it was told to go: nobody to reconnect to
+
+    async def _connection(self, socket: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket) -> None:
+        """Hello, then read, write and watch the monitor until the core is lost; a reader,
+        writer or monitor task that fails loses it too (logged), so the next connection comes."""
+        self._outbox = asyncio.Queue()  # what was meant for the lost core is dropped
+        self._lost.clear()
+        self._send(Hello(self.identity))
+        io = [
+            asyncio.create_task(self._read(socket), name="core-client-read"),
+            asyncio.create_task(self._write(socket), name="core-client-write"),
+            asyncio.create_task(self._hang_up(monitor), name="core-client-monitor"),
+        ]
+        self._io = io
+        for task in io:
+            task.add_done_callback(self._io_ended)
+        try:
+            await self._watch()
+        finally:
+            self._io = []
+            for task in io:
+                task.cancel()
+            await asyncio.gather(*io, return_exceptions=True)
+            monitor.close(linger=0)
+            socket.close(linger=self._linger_ms)
+
+    def _io_ended(self, task: asyncio.Task[None]) -> None:
+        if task not in self._io or task.cancelled() or task.exception() is None:
+            return  # (a connection already ended: its failure is of no consequence)
+        error = task.exception()
+        log.error("%s failed: %r; reconnecting", task.get_name(), error, exc_info=error)
+        self.lose(f"its link failed ({task.get_name()}: {error!r})")
 
     async def _watch(self) -> None:
         """Heartbeat every tick; probe a quiet core with GetStats; give up on a silent one."""

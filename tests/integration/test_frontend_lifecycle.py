@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -176,6 +177,30 @@ async def test_a_connection_that_cannot_be_set_up_is_retried(
         assert client.identity.endswith(f"-{following + 1}")
 
 
+@pytest.mark.parametrize("task", ["read", "write", "monitor"])
+async def test_a_link_task_that_fails_is_logged_and_the_link_reconnects(
+    tiny: TinyModels, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, task: str
+) -> None:
+    # a reader, writer or monitor task that raised ended quietly: the connection stayed up
+    # with no one reading (or writing) it, and the frontend unready for good; now it is
+    # logged and the link lost, and the next connection handshakes
+    async with serving(tiny.succ) as s:
+        client = s.server.services.core
+        first = client.identity
+        broken = {"read": "_read", "write": "_write", "monitor": "_hang_up"}[task]
+
+        async def fails(*_: object) -> None:
+            raise RuntimeError(f"the {task} task broke")
+
+        monkeypatch.setattr(client, broken, fails)
+        client.lose("the test dropped it")  # the next connection's task fails at once
+        await eventually(lambda: f"the {task} task broke" in caplog.text, 10)
+        monkeypatch.undo()
+        await lost_and_back(s)
+        assert f"core-client-{task} failed" in caplog.text
+        assert client.identity != first
+
+
 def test_an_address_zmq_cannot_connect_to_is_refused_at_start(tiny: TinyModels) -> None:
     for address in ("tcp://127.0.0.1:core", "tcp://127.0.0.1"):
         with pytest.raises(ValueError, match="cannot connect to the engine core at"):
@@ -210,7 +235,12 @@ def spawning(model_dir: Path, tmp_path: Path) -> tuple[EngineConfig, Path]:
     return engine_config(model_dir, address, **settings), path
 
 
-async def test_spawned_core_is_respawned_and_drained(tiny: TinyModels, tmp_path: Path) -> None:
+async def test_spawned_core_is_respawned_and_drained(
+    tiny: TinyModels, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # (INFO: a failure shows each spawn, connection and handshake; CI saw the respawned
+    # core not handshake within 30 s twice, with nothing logged at WARNING or above)
+    caplog.set_level(logging.INFO, logger="frontend")
     config, path = spawning(tiny.succ, tmp_path)
     argv = [*FAKE_CORE, "--config", str(path)]
     server = Server(config, str(path), argv=argv, core_stop_timeout_s=5)
