@@ -53,6 +53,18 @@ _MONITORED = (
 _REFUSED = _MONITORED & ~zmq.EVENT_DISCONNECTED
 
 
+def _close(socket: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket, linger_ms: int) -> None:
+    """Close a connection's socket and its monitor, the monitor stopped first. zmq's I/O
+    thread sends a monitor's events blocking, under a lock: one sent after our end of the
+    monitor closed (the lost core's DISCONNECTED, late on a loaded host) waits for a reader
+    for good, and every socket of the context with it: each later connection sat without a
+    single event, its Hello queued, and the frontend never handshook again (CI: stop 47
+    and 6bc2d40; reproduced ~1 in 15 beside a cold numba compile)."""
+    socket.disable_monitor()
+    monitor.close(linger=0)
+    socket.close(linger=linger_ms)
+
+
 def curve_options(keys: CurveKeys) -> dict[int, bytes]:
     """The DEALER's CURVE client options: the core's public key and our own key pair."""
     if not keys.enabled:
@@ -285,9 +297,13 @@ class CoreClient:
             # a closed socket's descriptor is reused at once while its monitor's endpoint
             # stays bound until zmq reaps it, and then this bind fails
             monitor = socket.get_monitor_socket(_MONITORED, f"inproc://core-monitor-{number}")
-            socket.connect(self.address)
         except zmq.ZMQError:
             socket.close(linger=0)
+            raise
+        try:
+            socket.connect(self.address)
+        except zmq.ZMQError:
+            _close(socket, monitor, 0)
             raise
         return socket, monitor
 
@@ -333,8 +349,7 @@ class CoreClient:
             for task in io:
                 task.cancel()
             await asyncio.gather(*io, return_exceptions=True)
-            monitor.close(linger=0)
-            socket.close(linger=self._linger_ms)
+            _close(socket, monitor, self._linger_ms)
 
     def _io_ended(self, task: asyncio.Task[None]) -> None:
         if task not in self._io or task.cancelled() or task.exception() is None:
