@@ -114,8 +114,7 @@ def model_key(name: str, told: str | None = None) -> str:
 
 def compiled_as(told: str) -> str:
     """The llama.cpp build tag of the CPU an LLVM feature string makes of this host ('avx2')."""
-    flags = llamacpp.cpu_flags(Path("/proc/cpuinfo").read_text())
-    return llamacpp.isa_tag(llamacpp.isa_options(llamacpp.told_flags(flags, told)))
+    return llamacpp.isa_tag(llamacpp.host_options(told))
 
 
 def told_prefix(told: str | None) -> str:

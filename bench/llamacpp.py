@@ -126,10 +126,13 @@ def told_flags(flags: set[str], told: str | None) -> set[str]:
     return {flag for flag in flags if LLVM_NAMES.get(flag, flag) not in off}
 
 
-def host_options() -> dict[str, bool]:
-    """The options for this host, as NUMBA_CPU_FEATURES narrows it (bench/isa.py)."""
+def host_options(told: str | None = None) -> dict[str, bool]:
+    """The options for this host, as an LLVM feature string narrows it (`told`, by default
+    NUMBA_CPU_FEATURES: bench/isa.py)."""
     flags = cpu_flags(Path("/proc/cpuinfo").read_text())
-    return isa_options(told_flags(flags, os.environ.get("NUMBA_CPU_FEATURES")))
+    if told is None:
+        told = os.environ.get("NUMBA_CPU_FEATURES")
+    return isa_options(told_flags(flags, told))
 
 
 def build_root(version: str, options: dict[str, bool]) -> Path:
