@@ -216,6 +216,16 @@ def _dpwssd(b: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value, disp: int 
     return b.asm(ty, f"vpdpwssd {at}{{1to16}}, $2, $0", "=v,0,v,r", [acc, w, x], False)
 
 
+def _maddwd_add(b: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.Value:
+    """acc + the pairwise int16 products of w and x (AVX2: vpmaddwd, then vpaddd), as inline
+    assembly: with the intrinsic and an add LLVM reassociated a row's adds into trees that
+    held more sums at once than the 16 ymm have room for, and spilled them."""
+    ret = ir.LiteralStructType([acc.type, acc.type])
+    ty = ir.FunctionType(ret, [acc.type, w.type, x.type])
+    asm = "vpmaddwd $4, $3, $1\n\tvpaddd $1, $0, $0"
+    return b.extract_value(b.asm(ty, asm, "=x,=&x,0,x,x", [acc, w, x], False), 0)
+
+
 # Quantized activations (n, K) are interleaved by 4-byte word in groups of ACT_ROWS rows, the
 # last group holding the n % ACT_ROWS rest (kernels/panels.py's act_index): group g starts at
 # element g * ACT_ROWS * K, and inside it word w (activations w * 4 / elem ..) of its row u is
@@ -229,8 +239,12 @@ ACT_ROWS = 8
 HIGH_BYTES = 16
 
 
-def group_layout(int16: bool, four_bit: bool) -> tuple[int, int]:
-    """(bytes, values of k) of one group of 16 rows' weights (the module's docstring)."""
+def group_layout(int16: bool, four_bit: bool, words: bool = False) -> tuple[int, int]:
+    """(bytes, values of k) of one group of 16 rows' weights (the module's docstring; `words`:
+    4- and 5-bit values unpacked to int16 words in the 8-bit layout, kernels/simd.py's
+    unpack_words)."""
+    if words:
+        return 64, 2
     if four_bit:
         return 64, 8
     return (32, 2) if int16 else (64, 4)
@@ -323,7 +337,7 @@ class Emitter:
                     r = _call(b, "llvm.x86.avx512.vpdpwssd.256", vec(I32, 8), b.load(self.acc[h]), half, xv)  # fmt: skip
                     b.store(r, self.acc[h])
                 else:
-                    self._add(h, _call(b, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), half, xv))
+                    b.store(_maddwd_add(b, b.load(self.acc[h]), half, xv), self.acc[h])
             elif isa == Isa.AVX_VNNI:
                 xv = _splat(b, x32, 8, vec(I8, 32))
                 r = _call(b, "llvm.x86.avx512.vpdpbusd.256", vec(I32, 8), b.load(self.acc[h]), half, xv)  # fmt: skip
@@ -461,7 +475,7 @@ def lane_values(
     return out
 
 
-def _word_nibbles(
+def word_nibbles(
     b: ir.IRBuilder, wv: ir.Value, word: int, planes: bool, fold: bool
 ) -> tuple[list[tuple[ir.Value, int, int]], list[int]]:
     """A 4-bit int16 group's parts (value, activation word, plane) and what a set fifth bit
@@ -490,7 +504,7 @@ def _word_nibbles(
 def accumulate_groups(
     b: ir.IRBuilder, rows: list[tuple[Emitter, ir.Value, int]], four_bit: bool, w: ir.Value,
     n_groups: int, stride: ir.Value, ahead: int = 0, hb: ir.Value | None = None,
-    fold: bool = False,
+    fold: bool = False, words: bool = False,
 ) -> None:  # fmt: skip
     """Add the panel rows' integer dot products over n_groups groups from w to each
     (accumulators, activations, byte offset of the row's first word from them) of `rows`
@@ -500,11 +514,12 @@ def accumulate_groups(
     offset of 16): as v - 16, each nibble or-ed with the bits above it (nibble - 16 in two's
     complement, the same instruction count: an and and an or of constants are one vpternlog)
     before the fifth bit's 16 is added. `ahead` > 0: each cache line's load first
-    asks for the one `ahead` bytes further (of hb's, as many groups ahead).
+    asks for the one `ahead` bytes further (of hb's, as many groups ahead). `words`: w holds
+    values already unpacked to int16 words (group_layout), multiplied as they are.
     Straight-line code (a sub-block's few groups), consecutive pieces on consecutive chains."""
     first = rows[0][0]
     const = isinstance(stride, ir.Constant)
-    group_bytes, k_per_group = group_layout(first.int16, four_bit)
+    group_bytes, k_per_group = group_layout(first.int16, four_bit, words)
     elem = 2 if first.int16 else 1
     pieces = 0
     for g in range(n_groups):
@@ -512,11 +527,14 @@ def accumulate_groups(
             prefetch(b, w, g * group_bytes + ahead)
         if ahead and hb is not None and (g * HIGH_BYTES) % 64 == 0:
             prefetch(b, hb, (g * group_bytes + ahead) * HIGH_BYTES // group_bytes)
-        wv = load_at(b, w, ir.Constant(I64, g * group_bytes), vec(I8, group_bytes))
+        at_g = ir.Constant(I64, g * group_bytes)
+        wv = load_at(b, w, at_g, vec(I16, 32) if words else vec(I8, group_bytes))
         word = g * k_per_group * elem // 4  # the group's first word of activations
         high: list[int] = []  # per part: what a set fifth bit adds to its lanes
-        if four_bit and first.int16:
-            parts, high = _word_nibbles(b, wv, word, len(first.shifts) > 1, fold)
+        if words:
+            parts = [(wv, word, 0)]
+        elif four_bit and first.int16:
+            parts, high = word_nibbles(b, wv, word, len(first.shifts) > 1, fold)
         elif four_bit:
             mask = ir.Constant(vec(I8, group_bytes), [15] * group_bytes)
             shift = ir.Constant(vec(I8, group_bytes), [4] * group_bytes)

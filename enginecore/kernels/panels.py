@@ -43,6 +43,7 @@ from enginecore.kernels.simd import (
     DOUBLE_ISA,
     ROWS,
     WIDE,
+    WORDS_ISA,
     fma32,
     panel_double_4,
     panel_double_5,
@@ -52,19 +53,31 @@ from enginecore.kernels.simd import (
     panel_row_5,
     panel_row_5s,
     panel_row_8,
+    panel_row_w,
     panel_rows_4,
     panel_rows_5,
     panel_rows_5s,
     panel_rows_8,
+    panel_rows_w,
     panel_wide_4,
     panel_wide_5,
     panel_wide_5s,
     panel_wide_8,
     quantize_block,
+    unpack_words_4,
+    unpack_words_5,
 )
 
 LANES = 16  # output rows per panel
 AVX2_ISA = int(Isa.AVX2)
+# activation rows from which int16 activations on AVX2 unpack each 5-bit (4-bit) panel to
+# words once (kernels/simd.py's unpack_words) rather than in every kernel call of ROWS rows.
+# bench.ab --cases matmul against 656c3c3, AVX2 proxy (bench/isa.py), same bits: Q5_K at the
+# bundled model's shapes 0.80-0.86x the time at 8 rows, 0.64-0.70x at 32, 0.55-0.64x at 64;
+# Q4_1 and Q4_K 1.06-1.28x at 8 rows, 0.95-1.02x at 32, 0.94-0.99x at 64 (their unpack is 3 of
+# ~21 vector instructions per row and 128 multiply-adds: the words' stores and reloads cost
+# about as much below 64 rows)
+WORDS_ROWS_5, WORDS_ROWS_4 = 8, 64
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -359,6 +372,12 @@ def _matmul_worker(w, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, claimed):
     panel_bytes = lanes.shape[1] * lanes.itemsize
     five = hb.shape[1] > 0
     n_chunks = num_chunks(P, parts, LANES * K * n, CHUNK_MACS, CLAIMED_MACS)
+    # 4- and 5-bit values unpacked to a panel of words (kernels/simd.py's panel_rows_w), but
+    # Q5_0's (SIGNED_FIVE), which AVX2 hosts pack as 8-bit (weights.five_as_eight_here)
+    signed = five and off != 0 and not has_min
+    by_words = isa_of(isa) == WORDS_ISA and xq.itemsize == 2 and four_bit and not signed
+    by_words = by_words and n >= (WORDS_ROWS_5 if five else WORDS_ROWS_4)
+    words = np.empty(LANES * K if by_words else 0, np.int16)
     s16 = np.empty(LANES, np.int32)
     psum = np.empty(LANES, np.float32)
     acc = np.empty(DOUBLE * LANES, np.float32)
@@ -370,19 +389,27 @@ def _matmul_worker(w, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, claimed):
             break
         for p in range(chunk * P // n_chunks, (chunk + 1) * P // n_chunks):
             _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq, xa,
-                   xb, p, n_sub, panel_bytes, five, s16, psum, acc, sc, mn, out, col0,
+                   xb, p, n_sub, panel_bytes, five, words, s16, psum, acc, sc, mn, out, col0,
                    n_rows)  # fmt: skip
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq, xa, xb, p,
-           n_sub, panel_bytes, five, s16, psum, acc, sc, mn, out, col0, n_rows):  # fmt: skip
-    # out[:, col0 + 16 p ..] = panel p times every activation row
+           n_sub, panel_bytes, five, words, s16, psum, acc, sc, mn, out, col0,
+           n_rows):  # fmt: skip
+    # out[:, col0 + 16 p ..] = panel p times every activation row; `words` not empty: the
+    # panel's values unpacked there first, then multiplied as words (_matmul_worker)
     n = xq.shape[0]
     signed = five and off != 0 and not has_min  # kernels/simd.py's SIGNED_FIVE: Q5_0
     code = isa_of(isa)  # (a constant for a dot.Path: the other paths' branches go)
     if code == 0:
         panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn)
+    if words.size > 0:
+        n_groups = n_sub * sub // 8
+        if five:
+            unpack_words_5(lanes, p * panel_bytes, hb, p * hb.shape[1], n_groups, words)
+        else:
+            unpack_words_4(lanes, p * panel_bytes, hb, p * hb.shape[1], n_groups, words)
     t = 0
     while t < n:
         rows = 1
@@ -395,6 +422,15 @@ def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq
         if code == 0:
             _portable_row(lanes, hb, p, four_bit, off, signed, sub, sc, mn, xq, xa, xb, t, s16,
                           psum, acc)  # fmt: skip
+        elif words.size > 0:
+            x_off, group = act_row(xq, t)
+            args = (isa, words, 0, hb, 0, xq, x_off, 4 * group, xa, t, xb, t, d, dm, isc, imn,
+                    p * d.shape[1] * LANES, p * isc.shape[1] * LANES, sps, has_min, n_sub, sub,
+                    off, acc)  # fmt: skip
+            if rows == ROWS:
+                panel_rows_w(*args)
+            else:
+                panel_row_w(*args)
         else:
             x_off, group = act_row(xq, t)
             args = (isa, lanes, p * panel_bytes, hb, p * hb.shape[1], xq, x_off, 4 * group,

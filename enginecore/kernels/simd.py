@@ -44,6 +44,8 @@ from enginecore.kernels.dot import (
     paths_of,
     supported,
     vec,
+    with_high,
+    word_nibbles,
 )
 
 F32, F16 = ir.FloatType(), ir.HalfType()
@@ -100,7 +102,7 @@ def _scale16(b: ir.IRBuilder, f16s: ir.Value, ints: ir.Value, scaled: ir.Value) 
 
 def _emit_rows(
     b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool, rows: int, r: dict[str, ir.Value],
-    five: int,
+    five: int, words: bool = False,
 ) -> None:  # fmt: skip
     """out[16 t : 16 t + 16] for `rows` consecutive activation rows t: the sums over
     sub-blocks of the module docstring, in its order per lane. The rows share each weight
@@ -115,23 +117,24 @@ def _emit_rows(
         with b.if_then(b.icmp_unsigned("==", r["sub"], ir.Constant(I64, sub))):
             if rows >= ACT_ROWS:
                 _emit_sub_rows(b, isa, int16, four_bit, rows, sub, ir.Constant(I64, 4 * ACT_ROWS),
-                               r, five)  # fmt: skip
+                               r, five, words)  # fmt: skip
                 continue
             if rows > 1:
-                _emit_sub_rows(b, isa, int16, four_bit, rows, sub, r["x_stride"], r, five)
+                _emit_sub_rows(b, isa, int16, four_bit, rows, sub, r["x_stride"], r, five, words)
                 continue
             alone = b.icmp_unsigned("==", r["x_stride"], ir.Constant(I64, 4))
             with b.if_else(alone) as (then, otherwise):
                 with then:
                     _emit_sub_rows(b, isa, int16, four_bit, rows, sub, ir.Constant(I64, 4), r,
-                                   five)  # fmt: skip
+                                   five, words)  # fmt: skip
                 with otherwise:
-                    _emit_sub_rows(b, isa, int16, four_bit, rows, sub, r["x_stride"], r, five)
+                    _emit_sub_rows(b, isa, int16, four_bit, rows, sub, r["x_stride"], r, five,
+                                   words)  # fmt: skip
 
 
 def _emit_sub_rows(
     b: ir.IRBuilder, isa: Isa, int16: bool, four_bit: bool, rows: int, sub: int,
-    stride: ir.Value, r: dict[str, ir.Value], five: int,
+    stride: ir.Value, r: dict[str, ir.Value], five: int, words: bool = False,
 ) -> None:  # fmt: skip
     # independent accumulator chains hide the multiply-add latency: for one activation row 4
     # of the 32 zmm registers (2 of the 16 ymm on the 256-bit paths); several rows give as
@@ -149,11 +152,11 @@ def _emit_sub_rows(
     else:
         chains = 1 if rows > 1 else 2
     ems = [Emitter(b, isa, int16, four_bit, chains, planes) for _ in range(rows)]
-    ahead = PREFETCH_BYTES if rows < ACT_ROWS else 0
+    ahead = PREFETCH_BYTES if rows < ACT_ROWS and not words else 0
     zero = ir.Constant(vec(F32, 16), None)
     accs = [cgutils.alloca_once_value(b, zero) for _ in range(rows)]  # type: ignore[no-untyped-call]
     elem = 2 if int16 else 1
-    group_bytes, per_group = group_layout(int16, four_bit)  # per_group: values of k
+    group_bytes, per_group = group_layout(int16, four_bit, words)  # per_group: values of k
     gpsub = sub // per_group
     ab = 32 if int16 else 16  # activations per scale (kernels/panels.py's act_block)
     pieces = max(sub // ab, 1)
@@ -196,10 +199,10 @@ def _emit_sub_rows(
                     x1 = b.gep(x0, [b.mul(k, ir.Constant(I64, ACT_ROWS * elem))])
                     xs += [(em, x1, 4 * t) for t, em in enumerate(ems[ACT_ROWS:])]
                 hb = None
-                if five:  # the fifth bits of the same groups
+                if five and not words:  # the fifth bits of the same groups
                     hb = b.gep(r["hb"], [b.add(b.mul(j, ir.Constant(I64, gpsub * HIGH_BYTES)),
                                                ir.Constant(I64, h * gpp * HIGH_BYTES))])  # fmt: skip
-                accumulate_groups(b, xs, four_bit, w, gpp, stride, ahead, hb, fold)
+                accumulate_groups(b, xs, four_bit, w, gpp, stride, ahead, hb, fold, words)
                 # the rows' scales: one column of xa, its rows at constant offsets
                 xa = b.gep(r["xa"], [b.mul(b.udiv(k0, ir.Constant(I64, ab)), n_act)])
                 for t, em in enumerate(ems):
@@ -270,7 +273,7 @@ def _data(context: Any, builder: ir.IRBuilder, ty: types.Array, value: ir.Value)
 SIGNED_FIVE = 2
 
 
-def _panel_row(four_bit: bool, rows: int, five: int = 0) -> Any:
+def _panel_row(four_bit: bool, rows: int, five: int = 0, words: bool = False) -> Any:
     def typer(typingctx: Any, isa: Any, lanes: Any, w_off: Any, hb: Any, h_off: Any, xq: Any,
               x_off: Any, x_stride: Any, xa: Any, xa_off: Any, xb: Any, xb_off: Any, d: Any,
               dm: Any, isc: Any, imn: Any, s_off: Any, sub_off: Any, sps: Any, has_min: Any,
@@ -312,6 +315,8 @@ def _panel_row(four_bit: bool, rows: int, five: int = 0) -> Any:
                 "has_min": builder.icmp_unsigned("!=", v["has_min"], ir.Constant(v["has_min"].type, 0)),
                 "n_act": builder.extract_value(context.make_array(ty["xa"])(context, builder, v["xa"]).shape, 1),
             }  # fmt: skip
+            if words and not int16:  # (typed for every mode, emitted for int16 alone)
+                return context.get_dummy_value()
             if exact:
                 _emit_exact_row(builder, four_bit, row, five)
                 return context.get_dummy_value()
@@ -320,13 +325,15 @@ def _panel_row(four_bit: bool, rows: int, five: int = 0) -> Any:
             paths = [p for p in one or supported() if p != Isa.PORTABLE and p in supported()]
             if rows > ACT_ROWS:  # DOUBLE: 512-bit only (the 256-bit paths' 16 ymm would spill)
                 paths = [p for p in paths if p == DOUBLE_ISA]
+            if words:
+                paths = [p for p in paths if p == WORDS_ISA]
             for path in paths:
                 if one:
-                    _emit_rows(builder, path, int16, four_bit, rows, row, five)
+                    _emit_rows(builder, path, int16, four_bit, rows, row, five, words)
                     continue
                 hit = builder.icmp_signed("==", i64("isa"), ir.Constant(I64, int(path)))
                 with builder.if_then(hit):
-                    _emit_rows(builder, path, int16, four_bit, rows, row, five)
+                    _emit_rows(builder, path, int16, four_bit, rows, row, five, words)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -367,6 +374,59 @@ panel_double_4 = _panel_row(True, DOUBLE)
 panel_double_5 = _panel_row(True, DOUBLE, five=1)
 panel_double_5s = _panel_row(True, DOUBLE, five=SIGNED_FIVE)
 panel_double_8 = _panel_row(False, DOUBLE)
+# int16 activations on AVX2 times 4- and 5-bit values that unpack_words has made int16 words
+# (lanes: its `out`, w_off its byte; hb unused): the words are multiplied as they are, so the
+# many rows of a prefill or a large batch unpack each panel once, not once per ROWS rows (the
+# unpack was 3 of the 19 vector instructions per row and 128 multiply-adds there); the sums are
+# the same integers, the result the same bits. Emitted for AVX2 only (WORDS_ISA; any other isa
+# leaves out untouched).
+WORDS_ISA = int(Isa.AVX2)
+panel_row_w = _panel_row(True, 1, words=True)
+panel_rows_w = _panel_row(True, ROWS, words=True)
+
+
+def _unpack_words(five: bool) -> Any:
+    def typer(typingctx: Any, lanes: Any, w_off: Any, hb: Any, h_off: Any, n_groups: Any,
+              out: Any) -> Any:  # fmt: skip
+        if not (isinstance(out, types.Array) and out.dtype == types.int16):
+            return None
+        sig = types.void(lanes, w_off, hb, h_off, n_groups, out)
+
+        def codegen(context: Any, b: ir.IRBuilder, sig: Any, args: Any) -> Any:
+            def i64(x: ir.Value) -> ir.Value:
+                return x if x.type.width == 64 else b.sext(x, I64)
+
+            def at(i: int) -> ir.Value:  # array i's data from the byte its next argument says
+                return b.gep(_data(context, b, sig.args[i], args[i]), [i64(args[i + 1])])
+
+            w, hb, o = at(0), at(2), _data(context, b, sig.args[5], args[5])
+            n = i64(args[4])
+            with cgutils.for_range(b, n) as loop:
+                g = loop.index
+                wv = load_at(b, w, b.mul(g, ir.Constant(I64, 64)), vec(I8, 64))
+                parts, high = word_nibbles(b, wv, 0, False, False)
+                hb_g = b.gep(hb, [b.mul(g, ir.Constant(I64, HIGH_BYTES))])
+                for q, (part, _, _) in enumerate(parts):
+                    if five:
+                        part = with_high(b, part, hb_g, 4 * q, high[q])
+                    dst = b.gep(o, [b.mul(b.add(b.mul(g, ir.Constant(I64, 4)),
+                                                ir.Constant(I64, q)), ir.Constant(I64, 64))])  # fmt: skip
+                    b.store(part, b.bitcast(dst, vec(I16, 32).as_pointer()), align=2)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return intrinsic(typer)
+
+
+# unpack_words_4 / unpack_words_5(lanes, w_off, hb, h_off, n_groups, out): the n_groups groups
+# of 4-bit int16-layout values from byte w_off of lanes' data (kernels/dot.py; _5: with their
+# fifth bits from byte h_off of hb's data) as int16 words in the layout of 8-bit values with
+# int16 activations, at out (int16, 128 values a group): group g's nibble p of both words is
+# the pair (8 g + 2 p, 8 g + 2 p + 1), so its 32 words go to out[64 (4 g + p):] as they are
+# masked (the values v, fifth bit included).
+unpack_words_4 = _unpack_words(False)
+unpack_words_5 = _unpack_words(True)
 
 
 def _quantize_block(

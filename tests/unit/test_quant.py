@@ -407,3 +407,57 @@ def test_only_the_avx2_path_packs_q5_0_as_eight_bit(
             packed = PackedMatrix.pack(qtype.name, dec, numerics)
             as_eight = isa == dot.Isa.AVX2 and qtype == Q.Q5_0 and numerics == Numerics.INT16
             assert packed.four_bit != as_eight, (qtype.name, numerics)
+
+
+@numba.njit(cache=True)
+def _unpacked_words(lanes: np.ndarray, hb: np.ndarray, n_groups: int, five: bool) -> np.ndarray:
+    out = np.empty(n_groups * 128, np.int16)
+    if five:
+        simd.unpack_words_5(lanes, 0, hb, 0, n_groups, out)
+    else:
+        simd.unpack_words_4(lanes, 0, hb, 0, n_groups, out)
+    return out
+
+
+WORD_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_1, Q.Q5_K]
+
+
+@pytest.mark.parametrize("qtype", WORD_TYPES, ids=lambda t: t.name)
+def test_unpacked_words_are_the_values_in_the_eight_bit_layout(qtype: Q) -> None:
+    # the first panel's 4- or 5-bit int16 lanes unpacked to words (kernels/simd.py's
+    # unpack_words): word r * 2 + b of pair g is row r's value 2 g + b, fifth bit included
+    dec = gguf_types.decode(qtype, blocks(qtype, 16, 256)[0])
+    m = PackedMatrix.pack(qtype.name, dec, Numerics.INT16, five_as_eight=False)
+    assert m.four_bit
+    words = _unpacked_words(m.lanes, m.hb, 256 // 8, qtype in FIVE_BIT)
+    got = words.reshape(256 // 2, 16, 2).transpose(1, 0, 2).reshape(16, 256)
+    np.testing.assert_array_equal(got, dec.v)
+
+
+@pytest.mark.parametrize("largest", [False, True])
+@pytest.mark.parametrize("qtype", WORD_TYPES, ids=lambda t: t.name)
+def test_avx2_words_kernels_equal_portable_bit_for_bit(
+    qtype: Q, largest: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # enough rows that the AVX2 path multiplies unpacked words (kernels/panels.py's WORDS_ROWS_4
+    # and _5), a block of ROWS and a lone row after them; `largest`: every value its largest
+    # times full-scale activations, the largest sums the words' int32 lanes take
+    if dot.Isa.AVX2 not in dot.supported():
+        pytest.skip("this host cannot run AVX2")
+    raw, w = blocks(qtype)
+    dec = gguf_types.decode(qtype, raw)
+    n = panels.WORDS_ROWS_4 + simd.ROWS + 1
+    x = RNG.standard_normal((n, COLS)).astype(np.float32)
+    if largest:
+        dec.v[:] = 2**dec.bits - 1
+        x = np.where(x < 0, -3.0, 3.0).astype(np.float32)
+    m = PackedMatrix.pack(qtype.name, dec, Numerics.INT16, five_as_eight=False)
+    acts = weights.quantize(x, Numerics.INT16)
+    outs = {}
+    for isa in (dot.Isa.PORTABLE, dot.Isa.AVX2):
+        monkeypatch.setattr(weights, "ISA", int(isa))
+        outs[isa] = np.full((n, ROWS), np.nan, np.float32)
+        m.matmul(x, outs[isa], acts=acts)
+    np.testing.assert_array_equal(bits(outs[dot.Isa.AVX2]), bits(outs[dot.Isa.PORTABLE]))
+    want = quantized_reference(x, gguf_types.dequantize(dec) if largest else w, Numerics.INT16)
+    close(outs[dot.Isa.PORTABLE], want, 2e-6)
