@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.isa import blas_as_told
 from shared.config import EngineConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -274,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-cache-dtype", default="f16")
     p.add_argument("--repeat", type=int, default=9, help="calls per side and case")
     args = p.parse_args(argv)
+    blas_as_told()
     args.rows = [int(r) for r in args.rows.split(",")]
     args.types = args.types.split(",")
     for case in args.cases.split(","):

@@ -46,6 +46,7 @@ from bench import llamacpp
 from bench.compare_load import PY, prefix_flags, run_levels, run_round, tl_bench, wait_quiet
 from bench.compare_overload import MAX_NUM_SEQS, TL_ENGINE, overload
 from bench.compare_report import results_path_for, summary_path_for, write_results
+from bench.isa import blas_as_told
 from bench.models import catalogue, resolve
 from bench.server_process import LLAMACPP_VENV, ROOT, llama_cpp_python, llama_server, tl_serve
 from shared.config import EngineConfig
@@ -128,7 +129,8 @@ def told_prefix(told: str | None) -> str:
     host = dict(llvm.get_host_cpu_features())
     named = [c for c in CEILINGS if ceiling_features(host, c) == told]
     value = f"$(.venv/bin/python -m bench.isa {named[0]})" if named else shlex.quote(told)
-    return f"NUMBA_CPU_FEATURES={value} "
+    blas = os.environ.get("OPENBLAS_CORETYPE")
+    return f"NUMBA_CPU_FEATURES={value} " + (f"OPENBLAS_CORETYPE={blas} " if blas else "")
 
 
 def machine() -> dict[str, Any]:
@@ -136,8 +138,13 @@ def machine() -> dict[str, Any]:
     info = llamacpp.cpuinfo_fields(Path("/proc/cpuinfo").read_text())
     mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
     told = os.environ.get("NUMBA_CPU_FEATURES")
+    proxy = {
+        "compiled_as": compiled_as(told) if told else "",
+        "numba_cpu_features": told,
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", ""),
+    }
     return {
-        **({"compiled_as": compiled_as(told), "numba_cpu_features": told} if told else {}),
+        **(proxy if told else {}),
         "cpu": info.get("model name", "?"),
         "flags": info.get("flags", ""),
         "logical_cpus": Path("/proc/cpuinfo").read_text().count("processor\t:"),
@@ -295,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     if importlib.util.find_spec("matplotlib") is None:  # the report's plot; fail before measuring
         sys.exit("bench.compare needs matplotlib for its plot: .venv/bin/pip install -e '.[bench]'")
     key = model_key(args.model, os.environ.get("NUMBA_CPU_FEATURES"))
+    if not args.report_only:
+        blas_as_told()
     path = summary_path_for(args.results, key)
     if args.report_only:
         summary = json.loads(path.read_text())

@@ -178,6 +178,11 @@ def machine_section(phases: dict[str, Any]) -> list[str]:
             f"- both servers compiled as for an `{m['compiled_as']}` CPU on this host "
             "(bench/isa.py): tl-serve's kernels by NUMBA_CPU_FEATURES, llama.cpp's build "
             f"`{m['compiled_as']}`; a proxy of such a CPU on this one's memory and clocks"
+            + (
+                f"; numpy's OpenBLAS (a prefill's attention) as `{m['openblas_coretype']}`"
+                if m.get("openblas_coretype")
+                else "; numpy's OpenBLAS (a prefill's attention) with the host's own kernels"
+            )
         )
     for name, p in phases.items():
         other_cpu = "" if p["machine"]["cpu"] == m["cpu"] else f", on {p['machine']['cpu']}"

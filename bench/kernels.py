@@ -18,6 +18,7 @@ from collections.abc import Callable
 import gguf
 import numpy as np
 
+from bench.isa import blas_as_told
 from bench.model import timed
 from enginecore import weights
 from enginecore.kernels import attention, dot, gemm, ops, panels, threads
@@ -216,6 +217,7 @@ def main() -> None:
     parser.add_argument("--only-matmuls", action="store_true")
     parser.add_argument("--shapes", action="store_true", help="only the model-shape matmuls")
     args = parser.parse_args()
+    blas_as_told()
     if args.shapes:
         model_shapes(max(3, args.repeat // 4))
         return

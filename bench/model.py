@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.isa import blas_as_told
 from bench.llama_bench import llama_bench_lines
 from bench.models import resolve
 from enginecore.batch import Batch, SeqChunk
@@ -232,6 +233,7 @@ def main() -> None:
         help="a Python with llama-cpp-python, for the llama.cpp reference (bench/compare makes one)",
     )
     args = parser.parse_args()
+    blas_as_told()
     modes = args.numerics.split(",")
     for m in modes:
         if m not in ("exact", "int8", "int16"):

@@ -43,6 +43,7 @@ from numba.core.registry import CPUDispatcher
 
 from bench import perfmap
 from bench.engine import Core, random_prompts
+from bench.isa import blas_as_told
 from bench.model import (
     BLOCK,
     DECODE_STEPS,
@@ -280,6 +281,7 @@ def main() -> None:
         "--model", default=BUNDLED_MODEL, help="--step: a path or bench.models name"
     )
     args = parser.parse_args()
+    blas_as_told()
     if args.step:
         steps = args.steps or (5 if args.prefill else 50)
         if not args.prefill and steps > DECODE_STEPS:

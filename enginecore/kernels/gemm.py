@@ -102,6 +102,16 @@ def sgemm_serial(a, b, out, b_transposed):  # pragma: no cover - compiled
     )  # fmt: skip
 
 
+def openblas_core() -> str:
+    """The CPU OpenBLAS chose its kernels for at load ("Haswell", "SkylakeX", ...; the
+    environment's OPENBLAS_CORETYPE when set), "" when numpy uses another BLAS."""
+    if not AVAILABLE:
+        return ""
+    name = getattr(_lib, _set_name.replace("set_num_threads", "get_corename"))
+    name.restype = ctypes.c_char_p
+    return bytes(name()).decode()
+
+
 def openblas_threads() -> int:
     """OpenBLAS's own thread count now (0 when numpy uses another BLAS)."""
     return int(_get_threads()) if AVAILABLE else 0

@@ -9,9 +9,9 @@ import sys
 import pytest
 from llvmlite import binding as llvm
 
-from bench.isa import ceiling_features
+from bench.isa import BLAS_CORE, blas_as_told, ceiling_features
 from bench.llamacpp import isa_options, isa_tag, told_flags
-from enginecore.kernels import dot
+from enginecore.kernels import dot, gemm
 
 HOST = {"avx2": True, "fma": True, "avx512f": True, "avx512vnni": True, "avxvnni": True,
         "amx-int8": True, "avx10.1": False, "sse4.2": True}  # fmt: skip
@@ -44,10 +44,22 @@ def test_the_anchor_is_built_for_the_features_tl_serve_compiles_for() -> None:
 def test_a_process_told_it_is_an_avx2_cpu_runs_the_avx2_paths() -> None:
     told = ceiling_features(dict(llvm.get_host_cpu_features()), "avx2")
     code = (
-        "import numba; from enginecore.kernels import attention_simd, dot; "
-        "print(dot.SELECTED.name, attention_simd.QK_HEADS, numba.config.CPU_FEATURES.count('+avx512'))"
+        "import numba; from enginecore.kernels import attention_simd, dot, gemm; "
+        "print(dot.SELECTED.name, attention_simd.QK_HEADS, numba.config.CPU_FEATURES.count('+avx512'), "
+        "gemm.openblas_core() or '-')"
     )
-    env = dict(os.environ, NUMBA_CPU_FEATURES=told)
+    # and numpy's OpenBLAS (a prefill's attention) told its kernels by the variable bench/isa.py
+    # asks for beside
+    env = dict(os.environ, NUMBA_CPU_FEATURES=told, OPENBLAS_CORETYPE=BLAS_CORE["avx2"])
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["AVX2", "2", "0"]
+    assert out.stdout.split() == ["AVX2", "2", "0", "Haswell" if gemm.AVAILABLE else "-"]
+
+
+def test_an_avx2_measurement_needs_openblas_told_too() -> None:
+    told = "+avx2,-avx512f,-avx512vnni"
+    with pytest.raises(SystemExit, match="OPENBLAS_CORETYPE=Haswell"):
+        blas_as_told({"NUMBA_CPU_FEATURES": told})
+    blas_as_told({"NUMBA_CPU_FEATURES": told, "OPENBLAS_CORETYPE": "Haswell"})
+    blas_as_told({})  # the host's own
+    blas_as_told({"NUMBA_CPU_FEATURES": "-avx512vnni"})  # AVX-512 kept
