@@ -37,6 +37,7 @@ from enginecore.kernels.attention_simd import (
     pv_tile,
     qk_scalar,
     qk_tile,
+    tile_vecs,
 )
 from enginecore.kernels.claim import counters, next_item, shares_to_claim
 from enginecore.kernels.f16 import kv_store
@@ -151,8 +152,9 @@ def _scores(qf, q0, kf, table, lo, ctx, n_kv, group, h0, h1, head_dim, bs, sf, s
                 if bs < LANES:
                     qk_scalar(qf, q_at, head_dim, kf, k0, bs, head_dim, sf, s_at, span, heads, bs)
                     continue
-                for p0 in range(0, used, 2 * LANES):
-                    nv = 2 if used - p0 > LANES else 1
+                vecs = tile_vecs(heads, 2)
+                for p0 in range(0, used, vecs * LANES):
+                    nv = min(vecs, -(-(used - p0) // LANES))
                     pf = ahead + p0 if ahead >= 0 and g0 == 0 else -1
                     qk_tile(qf, q_at, head_dim, kf, k0 + p0, bs, head_dim, sf, s_at + p0, span,
                             heads, nv, pf)  # fmt: skip
@@ -179,8 +181,9 @@ def _weighted_values(sf, s0, span, vf, table, lo, ctx, n_kv, group, h0, h1, head
                     pv_scalar(sf, w_at, span, vf, v0, row, j1 - j0, af, a_at, head_dim, heads,
                               head_dim)  # fmt: skip
                     continue
-                for d0 in range(0, head_dim, LANES * PV_VECS):
-                    nv = min(PV_VECS, (head_dim - d0) // LANES)
+                vecs = tile_vecs(heads, PV_VECS)
+                for d0 in range(0, head_dim, LANES * vecs):
+                    nv = min(vecs, (head_dim - d0) // LANES)
                     pf = ahead + d0 if ahead >= 0 and g0 == 0 else -1
                     pv_tile(sf, w_at, span, vf, v0 + d0, row, j1 - j0, af, a_at + d0, head_dim,
                             heads, nv, pf)  # fmt: skip

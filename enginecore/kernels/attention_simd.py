@@ -36,10 +36,19 @@ LANES = 16
 
 # Tile shapes (they change speed, never bits): with 32 vector registers (AVX-512) a qk tile
 # holds 4 heads x 2 vectors of scores and a pv tile 4 heads x 4 vectors of 16 dims; with 16
-# (AVX2, where a 16-lane vector is two registers) smaller ones.
+# (AVX2, where a 16-lane vector is two registers) 2 heads x 2 vectors, or 3 heads x 1 (6 ymm of
+# sums): a kv head's group of 3 query heads (SmolLM2's) then reads and widens its keys and
+# values once, where tiles of 2 + 1 heads did twice (`tile_vecs`).
 _WIDE = "avx512f" in host_features()
-QK_HEADS = 4 if _WIDE else 2
-PV_HEADS, PV_VECS = (4, 4) if _WIDE else (2, 2)
+QK_HEADS = 4 if _WIDE else 3
+PV_HEADS, PV_VECS = (4, 4) if _WIDE else (3, 2)
+TWO_VEC_HEADS = 4 if _WIDE else 2  # the most heads (rows) of a tile of two vectors
+
+
+@njit(cache=True, nogil=True, inline="always")
+def tile_vecs(heads, most):
+    # the 16-lane vectors a tile of `heads` heads takes at most (`most` the kind's own limit)
+    return most if heads <= TWO_VEC_HEADS else 1
 
 
 def _load16(b: ir.IRBuilder, p: ir.Value, f16: bool) -> ir.Value:

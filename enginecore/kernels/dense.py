@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from enginecore.kernels.attention_simd import LANES, PV_HEADS, pv_scalar, pv_tile
+from enginecore.kernels.attention_simd import LANES, TWO_VEC_HEADS, pv_scalar, pv_tile
 
 PANEL = 2 * LANES  # output rows per panel: two 16-lane vectors a tile row
 K_CHUNK = 128  # a panel's chunk: 128 x 32 float32 = 16 KB
@@ -43,8 +43,8 @@ def matmul(x, panels, n_out, out, col0, workers):
             for k0 in range(0, k, K_CHUNK):
                 kc = min(K_CHUNK, k - k0)
                 at = (p * k + k0) * PANEL
-                for r0 in range(0, m, PV_HEADS):
-                    rows = min(PV_HEADS, m - r0)
+                for r0 in range(0, m, TWO_VEC_HEADS):
+                    rows = min(TWO_VEC_HEADS, m - r0)
                     x_at, o_at = r0 * k + k0, r0 * ldo + c
                     if width == PANEL:
                         pv_tile(xf, x_at, k, pf, at, PANEL, kc, of, o_at, ldo, rows, 2, -1)
