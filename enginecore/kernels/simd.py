@@ -120,7 +120,14 @@ def _emit_rows(
                                r, five, words)  # fmt: skip
                 continue
             if rows > 1:
-                _emit_sub_rows(b, isa, int16, four_bit, rows, sub, r["x_stride"], r, five, words)
+                full = b.icmp_unsigned("==", r["x_stride"], ir.Constant(I64, 4 * ACT_ROWS))
+                with b.if_else(full) as (then, otherwise):
+                    with then:
+                        _emit_sub_rows(b, isa, int16, four_bit, rows, sub,
+                                       ir.Constant(I64, 4 * ACT_ROWS), r, five, words)  # fmt: skip
+                    with otherwise:
+                        _emit_sub_rows(b, isa, int16, four_bit, rows, sub, r["x_stride"], r,
+                                       five, words)  # fmt: skip
                 continue
             alone = b.icmp_unsigned("==", r["x_stride"], ir.Constant(I64, 4))
             with b.if_else(alone) as (then, otherwise):
