@@ -138,13 +138,18 @@ def machine() -> dict[str, Any]:
     info = llamacpp.cpuinfo_fields(Path("/proc/cpuinfo").read_text())
     mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
     told = os.environ.get("NUMBA_CPU_FEATURES")
-    proxy = {
-        "compiled_as": compiled_as(told) if told else "",
-        "numba_cpu_features": told,
-        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", ""),
-    }
+    # a proxy run (bench/isa.py): what the servers were compiled as, and OpenBLAS's kernels
+    proxy = (
+        {
+            "compiled_as": compiled_as(told),
+            "numba_cpu_features": told,
+            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", ""),
+        }
+        if told
+        else {}
+    )
     return {
-        **(proxy if told else {}),
+        **proxy,
         "cpu": info.get("model name", "?"),
         "flags": info.get("flags", ""),
         "logical_cpus": Path("/proc/cpuinfo").read_text().count("processor\t:"),
