@@ -26,7 +26,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from enginecore.kernels.dot import host_features, prefetch_line
+from enginecore.kernels.dot import as_i64, host_features, prefetch_line
 from enginecore.kernels.f16 import kv_load
 from enginecore.kernels.simd import f16x16, fma, fma32, splat_f
 
@@ -62,10 +62,6 @@ def _ptr(
     """Pointer to flat element `off` of a C-contiguous array."""
     data = context.make_array(ty)(context, b, value).data
     return b.gep(data, [off])
-
-
-def _i64(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
-    return b.sext(v, I64) if v.type.width < 64 else v
 
 
 def _emit_tile(
@@ -132,15 +128,15 @@ def _tile(kind: str, max_heads: int, max_vecs: int) -> Any:
             v = dict(zip(names, vals, strict=True))
             ty = dict(zip(names, sig.args, strict=True))
             r = {
-                "x": _ptr(context, b, ty["x"], v["x"], _i64(b, v["x_off"])),
-                "kv": _ptr(context, b, ty["kv"], v["kv"], _i64(b, v["kv_off"])),
-                "o": _ptr(context, b, ty["o"], v["o"], _i64(b, v["o_off"])),
-                **{k: _i64(b, v[k]) for k in ("x_stride", "kv_stride", "n", "o_stride")},
+                "x": _ptr(context, b, ty["x"], v["x"], as_i64(b, v["x_off"])),
+                "kv": _ptr(context, b, ty["kv"], v["kv"], as_i64(b, v["kv_off"])),
+                "o": _ptr(context, b, ty["o"], v["o"], as_i64(b, v["o_off"])),
+                **{k: as_i64(b, v[k]) for k in ("x_stride", "kv_stride", "n", "o_stride")},
             }
-            pf_off = _i64(b, v["pf_off"])
+            pf_off = as_i64(b, v["pf_off"])
             r["prefetch"] = b.icmp_signed(">=", pf_off, ir.Constant(I64, 0))
             r["pf"] = _ptr(context, b, ty["kv"], v["kv"], pf_off)
-            heads, nv = _i64(b, v["heads"]), _i64(b, v["nv"])
+            heads, nv = as_i64(b, v["heads"]), as_i64(b, v["nv"])
             for hh in range(1, max_heads + 1):
                 for vv in range(1, max_vecs + 1):
                     hit = b.and_(

@@ -185,6 +185,11 @@ isa_of: Any = intrinsic(_isa_of)
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 
 
+def as_i64(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """An integer argument (an index, an offset, a count) as i64, sign-extended if narrower."""
+    return b.sext(v, I64) if v.type.width < 64 else v
+
+
 def vec(t: ir.Type, n: int) -> ir.VectorType:
     return ir.VectorType(t, n)
 

@@ -389,18 +389,18 @@ def _matmul_worker(w, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, claimed):
             break
         for p in range(chunk * P // n_chunks, (chunk + 1) * P // n_chunks):
             _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq, xa,
-                   xb, p, n_sub, panel_bytes, five, words, s16, psum, acc, sc, mn, out, col0,
-                   n_rows)  # fmt: skip
+                   xb, p, n_sub, panel_bytes, five, signed, words, s16, psum, acc, sc, mn, out,
+                   col0, n_rows)  # fmt: skip
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq, xa, xb, p,
-           n_sub, panel_bytes, five, words, s16, psum, acc, sc, mn, out, col0,
+           n_sub, panel_bytes, five, signed, words, s16, psum, acc, sc, mn, out, col0,
            n_rows):  # fmt: skip
     # out[:, col0 + 16 p ..] = panel p times every activation row; `words` not empty: the
-    # panel's values unpacked there first, then multiplied as words (_matmul_worker)
+    # panel's values unpacked there first, then multiplied as words (_matmul_worker); `signed`:
+    # kernels/simd.py's SIGNED_FIVE (Q5_0)
     n = xq.shape[0]
-    signed = five and off != 0 and not has_min  # kernels/simd.py's SIGNED_FIVE: Q5_0
     code = isa_of(isa)  # (a constant for a dot.Path: the other paths' branches go)
     if code == 0:
         panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn)
@@ -422,21 +422,18 @@ def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq
         if code == 0:
             _portable_row(lanes, hb, p, four_bit, off, signed, sub, sc, mn, xq, xa, xb, t, s16,
                           psum, acc)  # fmt: skip
-        elif words.size > 0:
-            x_off, group = act_row(xq, t)
-            args = (isa, words, 0, hb, 0, xq, x_off, 4 * group, xa, t, xb, t, d, dm, isc, imn,
-                    p * d.shape[1] * LANES, p * isc.shape[1] * LANES, sps, has_min, n_sub, sub,
-                    off, acc)  # fmt: skip
-            if rows == ROWS:
-                panel_rows_w(*args)
-            else:
-                panel_row_w(*args)
         else:
+            # the kernels' arguments after the weights': activations, scales, the sums
             x_off, group = act_row(xq, t)
-            args = (isa, lanes, p * panel_bytes, hb, p * hb.shape[1], xq, x_off, 4 * group,
-                    xa, t, xb, t, d, dm, isc, imn, p * d.shape[1] * LANES,
+            rest = (xq, x_off, 4 * group, xa, t, xb, t, d, dm, isc, imn, p * d.shape[1] * LANES,
                     p * isc.shape[1] * LANES, sps, has_min, n_sub, sub, off, acc)  # fmt: skip
-            _panel_rows(rows, four_bit, five, signed, args)
+            if words.size > 0 and rows == ROWS:
+                panel_rows_w(*((isa, words, 0, hb, 0) + rest))
+            elif words.size > 0:
+                panel_row_w(*((isa, words, 0, hb, 0) + rest))
+            else:
+                args = (isa, lanes, p * panel_bytes, hb, p * hb.shape[1]) + rest
+                _panel_rows(rows, four_bit, five, signed, args)
         for i in range(rows):
             for r in range(min(LANES, n_rows - p * LANES)):
                 out[t + i, col0 + p * LANES + r] = acc[i * LANES + r]

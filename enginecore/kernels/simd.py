@@ -38,6 +38,7 @@ from enginecore.kernels.dot import (
     Emitter,
     Isa,
     accumulate_groups,
+    as_i64,
     group_layout,
     lane_values,
     load_at,
@@ -304,8 +305,7 @@ def _panel_row(four_bit: bool, rows: int, five: int = 0, words: bool = False) ->
             ty = dict(zip(v, sig.args, strict=True))
 
             def i64(name: str) -> ir.Value:
-                x = v[name]
-                return builder.sext(x, I64) if x.type.width < 64 else x
+                return as_i64(builder, v[name])
 
             def data(name: str, elem: ir.Type, offset: str | None) -> ir.Value:
                 p = builder.bitcast(_data(context, builder, ty[name], v[name]), elem.as_pointer())
@@ -400,14 +400,11 @@ def _unpack_words(five: bool) -> Any:
         sig = types.void(lanes, w_off, hb, h_off, n_groups, out)
 
         def codegen(context: Any, b: ir.IRBuilder, sig: Any, args: Any) -> Any:
-            def i64(x: ir.Value) -> ir.Value:
-                return x if x.type.width == 64 else b.sext(x, I64)
-
             def at(i: int) -> ir.Value:  # array i's data from the byte its next argument says
-                return b.gep(_data(context, b, sig.args[i], args[i]), [i64(args[i + 1])])
+                return b.gep(_data(context, b, sig.args[i], args[i]), [as_i64(b, args[i + 1])])
 
             w, hb, o = at(0), at(2), _data(context, b, sig.args[5], args[5])
-            n = i64(args[4])
+            n = as_i64(b, args[4])
             with cgutils.for_range(b, n) as loop:
                 g = loop.index
                 wv = load_at(b, w, b.mul(g, ir.Constant(I64, 64)), vec(I8, 64))
@@ -452,8 +449,7 @@ def _quantize_block(
 
     def codegen(context: Any, b: ir.IRBuilder, sig: Any, args: Any) -> Any:
         xv_ty, qt = vec(F32, n), ir.IntType(q.dtype.bitwidth)
-        off = args[1] if args[1].type.width == 64 else b.sext(args[1], I64)
-        xp = b.gep(context.make_array(sig.args[0])(context, b, args[0]).data, [off])
+        xp = b.gep(context.make_array(sig.args[0])(context, b, args[0]).data, [as_i64(b, args[1])])
         xs = b.load(b.bitcast(xp, xv_ty.as_pointer()), align=4)
 
         def call(name: str, ret_ty: ir.Type, *vals: ir.Value) -> ir.Value:
@@ -479,9 +475,8 @@ def _quantize_block(
         # w_stride apart: one vector store when they are contiguous
         n_words = n * q.dtype.bitwidth // 32
         wv = b.bitcast(qv, vec(I32, n_words))
-        w0 = b.gep(context.make_array(sig.args[4])(context, b, args[4]).data,
-                   [b.sext(args[5], I64) if args[5].type.width < 64 else args[5]])  # fmt: skip
-        stride = b.sext(args[6], I64) if args[6].type.width < 64 else args[6]
+        w0 = b.gep(context.make_array(sig.args[4])(context, b, args[4]).data, [as_i64(b, args[5])])
+        stride = as_i64(b, args[6])
         with b.if_else(b.icmp_signed("==", stride, ir.Constant(I64, 1))) as (one, apart):
             with one:
                 b.store(wv, b.bitcast(w0, vec(I32, n_words).as_pointer()), align=4)
