@@ -74,8 +74,8 @@ AVX2_ISA = int(Isa.AVX2)
 # words once (kernels/simd.py's unpack_words) rather than in every kernel call of ROWS rows.
 # bench.ab --cases matmul against 656c3c3, AVX2 proxy (bench/isa.py), same bits: Q5_K at the
 # bundled model's shapes 0.80-0.86x the time at 8 rows, 0.64-0.70x at 32, 0.55-0.64x at 64;
-# Q4_1 and Q4_K 1.06-1.28x at 8 rows, 0.95-1.02x at 32, 0.94-0.99x at 64 (their unpack is 3 of
-# ~21 vector instructions per row and 128 multiply-adds: the words' stores and reloads cost
+# Q4_1 and Q4_K 1.06-1.28x at 8 rows, 0.95-1.02x at 32, 0.94-0.99x at 64 (their unpack is a
+# small part of a row's work, kernels/simd.py's panel_row_w: the words' stores and reloads cost
 # about as much below 64 rows)
 WORDS_ROWS_5, WORDS_ROWS_4 = 8, 64
 

@@ -111,33 +111,25 @@ def _emit_rows(
 
     The sub-block length (16 or 32) is a constant of the code emitted for it, so that a
     sub-block's groups are straight-line code with constant offsets; so is the distance
-    between a row's words (kernels/dot.py's ACT_ROWS) for the widest kernels (WIDE, DOUBLE),
-    which only get full groups, and for a lone row's own (a decode of one sequence), which is
-    contiguous."""
+    between a row's words (kernels/dot.py's ACT_ROWS) wherever it is known: inside a full
+    group of rows (4 ACT_ROWS bytes), which is all the widest kernels (WIDE, DOUBLE) get and
+    most of what the 4-row ones do, and for a lone row's own (4: a decode of one sequence,
+    contiguous); any other stride stays a run-time value."""
     for sub in (16, 32):
         with b.if_then(b.icmp_unsigned("==", r["sub"], ir.Constant(I64, sub))):
+
+            def emit(stride: ir.Value, sub: int = sub) -> None:
+                _emit_sub_rows(b, isa, int16, four_bit, rows, sub, stride, r, five, words)
+
+            known = ir.Constant(I64, 4 * ACT_ROWS if rows > 1 else 4)
             if rows >= ACT_ROWS:
-                _emit_sub_rows(b, isa, int16, four_bit, rows, sub, ir.Constant(I64, 4 * ACT_ROWS),
-                               r, five, words)  # fmt: skip
+                emit(known)
                 continue
-            if rows > 1:
-                full = b.icmp_unsigned("==", r["x_stride"], ir.Constant(I64, 4 * ACT_ROWS))
-                with b.if_else(full) as (then, otherwise):
-                    with then:
-                        _emit_sub_rows(b, isa, int16, four_bit, rows, sub,
-                                       ir.Constant(I64, 4 * ACT_ROWS), r, five, words)  # fmt: skip
-                    with otherwise:
-                        _emit_sub_rows(b, isa, int16, four_bit, rows, sub, r["x_stride"], r,
-                                       five, words)  # fmt: skip
-                continue
-            alone = b.icmp_unsigned("==", r["x_stride"], ir.Constant(I64, 4))
-            with b.if_else(alone) as (then, otherwise):
+            with b.if_else(b.icmp_unsigned("==", r["x_stride"], known)) as (then, otherwise):
                 with then:
-                    _emit_sub_rows(b, isa, int16, four_bit, rows, sub, ir.Constant(I64, 4), r,
-                                   five, words)  # fmt: skip
+                    emit(known)
                 with otherwise:
-                    _emit_sub_rows(b, isa, int16, four_bit, rows, sub, r["x_stride"], r, five,
-                                   words)  # fmt: skip
+                    emit(r["x_stride"])
 
 
 def _emit_sub_rows(
