@@ -3,9 +3,10 @@
 `python -m bench.kernels [--repeat N] [--types Q4_K,Q6_K] [--only-matmuls | --shapes]`: best-of-N
 wall time per call, JIT warmed first. `--shapes` prints only the integer matmuls at the bundled
 model's matrix shapes and types: GB/s of packed weights at 1 activation row, G multiply-adds
-per second at 4 / 16 / 64 / 512 rows, for int16 and int8 on the path this host selects. Numba kernels run with the process's numba threads (2 here);
-numpy uses OpenBLAS's 2 threads. A 0.5 s pause before each numpy timing lets the other side's
-idle threads stop spinning.
+per second at 4 / 16 / 64 / 512 rows, for int16 and int8 on the path this host selects, under
+bench.peak's int16 ceiling, measured first. Numba kernels run with the process's numba threads
+(2 here); numpy uses OpenBLAS's 2 threads. A 0.5 s pause before each numpy timing lets the
+other side's idle threads stop spinning.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 
 from bench.isa import blas_as_told
 from bench.model import timed
+from bench.peak import peak
 from enginecore import weights
 from enginecore.kernels import attention, dot, gemm, ops, panels, threads
 from enginecore.loader import gguf_types
@@ -104,6 +106,7 @@ SHAPE_ROWS = (1, 4, 16, 64, 512)
 def model_shapes(repeat: int) -> None:
     """Integer matmuls (pre-quantized activations, as the fused layer calls them) per shape."""
     rng = np.random.default_rng(0)
+    print(peak()[0])  # the int16 rows' ceiling
     print(f"integer matmuls at the bundled model's shapes, {dot.SELECTED.name}, "
           f"{threads.count()} threads: n=1 GB/s of packed weights, else G MAC/s")  # fmt: skip
     for name, what, n_out, k in MODEL_SHAPES:

@@ -19,6 +19,7 @@ import numpy as np
 from bench.isa import blas_as_told
 from bench.llama_bench import llama_bench_lines
 from bench.models import resolve
+from bench.peak import peak
 from enginecore.batch import Batch, SeqChunk
 from enginecore.kernels import dot, gemm
 from enginecore.model_runner import ModelRunner
@@ -114,11 +115,32 @@ def prefill_calls(runner: ModelRunner, chunk: int) -> Callable[[], None]:
     return run
 
 
-def report(name: str, tokens: int, ours: tuple[float, float], blas: tuple[float, float]) -> None:
+def matmul_macs(runner: ModelRunner, rows: int, sampled: int) -> int:
+    """Multiply-adds of a step's matmuls: every layer matrix for `rows`, lm_head for `sampled`
+    (what blas_same_matmuls runs)."""
+    w = runner.weights
+    mats = [m for lw in w.layers for m in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down)]
+    n, k = w.lm_head.shape
+    return rows * sum(m.shape[0] * m.shape[1] for m in mats) + sampled * n * k
+
+
+def report(
+    name: str,
+    tokens: int,
+    ours: tuple[float, float],
+    blas: tuple[float, float],
+    macs: int,
+    peak: float | None,
+) -> None:
+    """`peak`: bench.peak's G MAC/s on every thread; the step's matmul multiply-adds over its
+    best time (everything else in the step counted as matmul time: a floor of their rate)
+    beside it."""
+    macs_s = macs / ours[0] / 1e9
+    share = f" ({100 * macs_s / peak:3.0f}% of the peak)" if peak else ""
     print(
         f"{name:<28} {tokens / ours[0]:8.1f} tok/s (best {ours[0] * 1e3:7.1f} ms, "
         f"median {ours[1] * 1e3:7.1f})   BLAS same matmuls {blas[0] * 1e3:7.1f} ms   "
-        f"ratio {ours[0] / blas[0]:5.2f}"
+        f"ratio {ours[0] / blas[0]:5.2f}   matmuls {macs_s:5.1f} G MAC/s{share}"
     )
 
 
@@ -193,6 +215,10 @@ def bench_mode(
             if cache.dtype == np.float32
             else values.astype(np.float16).view(np.uint16)[None]
         )
+    ceiling = None
+    if numerics == "int16":  # the loop is of the int16 kernels' instructions
+        line, ceiling = peak()
+        print(line)
     print(f"numerics {numerics}, KV {kv}:")
     for chunk in (512, 256):
         run = prefill_calls(runner, chunk)
@@ -202,6 +228,8 @@ def bench_mode(
             512,
             timed(run, repeat),
             timed(blas_same_matmuls(runner, 512, 1, dense), repeat),
+            matmul_macs(runner, 512, 1),
+            ceiling,
         )
     for num_seqs in (1, 8, 32, 64):
         # B=1 takes as many samples as the after-prefill case it is the yardstick of
@@ -211,7 +239,8 @@ def bench_mode(
         it = iter(batches * 2)
         ours = timed(lambda it=it: runner.run(next(it)), n)  # type: ignore[misc]
         blas = timed(blas_same_matmuls(runner, num_seqs, num_seqs, dense), repeat)
-        report(f"decode B={num_seqs}", num_seqs, ours, blas)
+        macs = matmul_macs(runner, num_seqs, num_seqs)
+        report(f"decode B={num_seqs}", num_seqs, ours, blas, macs, ceiling)
     after_prefill(runner, repeat)
 
 
