@@ -63,7 +63,7 @@ def blas_same_matmuls(
     """x @ W.T on dense fp32 copies: every layer matrix for `rows`, lm_head for `sampled`."""
     w = runner.weights
     if not dense:
-        for m in [m for lw in w.layers for m in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down)]:
+        for m in w.layer_matrices():
             dense[len(dense)] = dense_copy(m)
         dense[-1] = dense_copy(w.lm_head)
     mats = [a for i, a in dense.items() if i >= 0]
@@ -119,9 +119,8 @@ def matmul_macs(runner: ModelRunner, rows: int, sampled: int) -> int:
     """Multiply-adds of a step's matmuls: every layer matrix for `rows`, lm_head for `sampled`
     (what blas_same_matmuls runs)."""
     w = runner.weights
-    mats = [m for lw in w.layers for m in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down)]
     n, k = w.lm_head.shape
-    return rows * sum(m.shape[0] * m.shape[1] for m in mats) + sampled * n * k
+    return rows * sum(m.shape[0] * m.shape[1] for m in w.layer_matrices()) + sampled * n * k
 
 
 def report(
@@ -130,13 +129,13 @@ def report(
     ours: tuple[float, float],
     blas: tuple[float, float],
     macs: int,
-    peak: float | None,
+    ceiling: float | None,
 ) -> None:
-    """`peak`: bench.peak's G MAC/s on every thread; the step's matmul multiply-adds over its
-    best time (everything else in the step counted as matmul time: a floor of their rate)
+    """`ceiling`: bench.peak's G MAC/s on every thread; the step's matmul multiply-adds over
+    its best time (everything else in the step counted as matmul time: a floor of their rate)
     beside it."""
     macs_s = macs / ours[0] / 1e9
-    share = f" ({100 * macs_s / peak:3.0f}% of the peak)" if peak else ""
+    share = f" ({100 * macs_s / ceiling:3.0f}% of the peak)" if ceiling else ""
     print(
         f"{name:<28} {tokens / ours[0]:8.1f} tok/s (best {ours[0] * 1e3:7.1f} ms, "
         f"median {ours[1] * 1e3:7.1f})   BLAS same matmuls {blas[0] * 1e3:7.1f} ms   "

@@ -364,8 +364,12 @@ class Weights:
                 self._panel_layers = mats
         return self._panel_layers
 
+    def layer_matrices(self) -> list[Matrix]:
+        """Every layer's wqkv, wo, w_gate_up and w_down, layer by layer."""
+        return [m for lw in self.layers for m in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down)]
+
     @property
     def nbytes(self) -> int:
-        mats = [m for lw in self.layers for m in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down)]
+        mats = self.layer_matrices()
         mats += [self.embed] if self.lm_head is self.embed else [self.embed, self.lm_head]
         return sum(m.nbytes for m in mats)
