@@ -19,7 +19,7 @@ from numba.extending import intrinsic
 from enginecore.kernels import gemm
 from enginecore.kernels.dot import HIGH_BYTES, I8, I16, I32, I64, lane_values, vec
 from enginecore.kernels.panels import LANES, group_values, high_bit, sub_scales
-from enginecore.kernels.simd import panel_row_4, panel_row_5, panel_row_8
+from enginecore.kernels.simd import EIGHT, FIVE, FOUR, panel_kernel
 
 F32 = ir.FloatType()
 V16 = vec(F32, 16)
@@ -51,19 +51,14 @@ def f32_matmul(x, xs, fmt, out, col0, n_rows, parts):
     five = hb.shape[1] > 0
     unused = np.empty(1, np.int32)
     step = -(-P // parts)
+    kind = FIVE if five else (FOUR if four_bit else EIGHT)
     for part in prange(parts):
         acc = np.empty(LANES, np.float32)
         for p in range(part * step, min(P, part * step + step)):
             for t in range(n):
-                args = (1, lanes, p * panel_bytes, hb, p * hb.shape[1], x, t * K, 0, xs,
-                        t * n_sub, unused, 0, d, dm, isc, imn, p * d.shape[1] * LANES,
-                        p * isc.shape[1] * LANES, sps, has_min, n_sub, sub, off, acc)  # fmt: skip
-                if five:
-                    panel_row_5(*args)
-                elif four_bit:
-                    panel_row_4(*args)
-                else:
-                    panel_row_8(*args)
+                panel_kernel(kind, 1, 1, lanes, p * panel_bytes, hb, p * hb.shape[1], x, t * K, 0,
+                             xs, t * n_sub, unused, 0, d, dm, isc, imn, p * d.shape[1] * LANES,
+                             p * isc.shape[1] * LANES, sps, has_min, n_sub, sub, off, acc)  # fmt: skip
                 for r in range(min(LANES, n_rows - p * LANES)):
                     out[t, col0 + p * LANES + r] = acc[r]
 

@@ -41,28 +41,16 @@ from enginecore.kernels.f16 import f16_bits_to_f32
 from enginecore.kernels.simd import (
     DOUBLE,
     DOUBLE_ISA,
+    EIGHT,
+    FIVE,
+    FIVE_SIGNED,
+    FOUR,
     ROWS,
     WIDE,
+    WORDS,
     WORDS_ISA,
     fma32,
-    panel_double_4,
-    panel_double_5,
-    panel_double_5s,
-    panel_double_8,
-    panel_row_4,
-    panel_row_5,
-    panel_row_5s,
-    panel_row_8,
-    panel_row_w,
-    panel_rows_4,
-    panel_rows_5,
-    panel_rows_5s,
-    panel_rows_8,
-    panel_rows_w,
-    panel_wide_4,
-    panel_wide_5,
-    panel_wide_5s,
-    panel_wide_8,
+    panel_kernel,
     quantize_block,
     unpack_words_4,
     unpack_words_5,
@@ -75,7 +63,7 @@ AVX2_ISA = int(Isa.AVX2)
 # bench.ab --cases matmul against 656c3c3, AVX2 proxy (bench/isa.py), same bits: Q5_K at the
 # bundled model's shapes 0.80-0.86x the time at 8 rows, 0.64-0.70x at 32, 0.55-0.64x at 64;
 # Q4_1 and Q4_K 1.06-1.28x at 8 rows, 0.95-1.02x at 32, 0.94-0.99x at 64 (their unpack is a
-# small part of a row's work, kernels/simd.py's panel_row_w: the words' stores and reloads cost
+# small part of a row's work, kernels/simd.py's WORDS kind: the words' stores and reloads cost
 # about as much below 64 rows)
 WORDS_ROWS_5, WORDS_ROWS_4 = 8, 64
 
@@ -270,7 +258,7 @@ def _portable_sums(lanes, hb, p, g0, n_groups, four_bit, xq, t, k0, s16, fold):
 @njit(cache=True, nogil=True, inline="always")
 def _portable_row(lanes, hb, p, four_bit, off, signed, sub, sc, mn, xq, xa, xb, t, s16, psum,
                   acc):  # fmt: skip
-    # acc (16,) = panel p's rows times activation row t, in panel_row's order of operations
+    # acc (16,) = panel p's rows times activation row t, in panel_kernel's order of operations
     # (kernels/simd.py's docstring): per sub-block P = a * S (then P = fma(a, S, P) for each
     # further activation block inside it), tmp = fma(c, xb, sc * P) (c = fma(-off, sc, mn),
     # xb its activations' sum), acc = acc + tmp; `signed` (SIGNED_FIVE) or 8-bit values with
@@ -301,50 +289,6 @@ def _portable_row(lanes, hb, p, four_bit, off, signed, sub, sc, mn, xq, xa, xb, 
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _signed_rows(rows, args):
-    # kernels/simd.py's SIGNED_FIVE kernel for `rows` activation rows
-    if rows == DOUBLE:
-        panel_double_5s(*args)
-    elif rows == WIDE:
-        panel_wide_5s(*args)
-    elif rows == ROWS:
-        panel_rows_5s(*args)
-    else:
-        panel_row_5s(*args)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _panel_rows(rows, four_bit, five, signed, args):
-    # kernels/simd.py's kernel for `rows` (1, ROWS, WIDE or DOUBLE) activation rows
-    if signed:
-        _signed_rows(rows, args)
-    elif rows == DOUBLE and five:
-        panel_double_5(*args)
-    elif rows == DOUBLE and four_bit:
-        panel_double_4(*args)
-    elif rows == DOUBLE:
-        panel_double_8(*args)
-    elif rows == WIDE and five:
-        panel_wide_5(*args)
-    elif rows == WIDE and four_bit:
-        panel_wide_4(*args)
-    elif rows == WIDE:
-        panel_wide_8(*args)
-    elif rows == ROWS and five:
-        panel_rows_5(*args)
-    elif rows == ROWS and four_bit:
-        panel_rows_4(*args)
-    elif rows == ROWS:
-        panel_rows_8(*args)
-    elif five:
-        panel_row_5(*args)
-    elif four_bit:
-        panel_row_4(*args)
-    else:
-        panel_row_8(*args)
-
-
-@njit(cache=True, nogil=True, inline="always")
 def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
     # (the claims' counters are made out here: an array made inside a parallel function
     # costs its region ~1.7 us, more than a one-row matmul of a small matrix gains from claims)
@@ -357,7 +301,7 @@ def _int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts, claimed):
     # out[t, col0 + row] for the matrix's n_rows rows (the last panel may hold padding) =
     # the sum over sub-blocks of sc * xa * S + c * xb (kernels/simd.py's docstring: its order
     # and roundings), S the exact int32 sum of v * xq over each activation block inside the
-    # sub-block: kernels/simd.py's panel_row, or the same arithmetic in plain loops (isa 0)
+    # sub-block: kernels/simd.py's panel_kernel, or the same arithmetic in plain loops (isa 0)
     for w in prange(parts):
         _matmul_worker(w, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, claimed)
 
@@ -372,7 +316,7 @@ def _matmul_worker(w, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, claimed):
     panel_bytes = lanes.shape[1] * lanes.itemsize
     five = hb.shape[1] > 0
     n_chunks = num_chunks(P, parts, LANES * K * n, CHUNK_MACS, CLAIMED_MACS)
-    # 4- and 5-bit values unpacked to a panel of words (kernels/simd.py's panel_rows_w), but
+    # 4- and 5-bit values unpacked to a panel of words (kernels/simd.py's WORDS kind), but
     # Q5_0's (SIGNED_FIVE), which AVX2 hosts pack as 8-bit (weights.five_as_eight_here)
     signed = five and off != 0 and not has_min
     by_words = isa_of(isa) == WORDS_ISA and xq.itemsize == 2 and four_bit and not signed
@@ -402,6 +346,7 @@ def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq
     # kernels/simd.py's SIGNED_FIVE (Q5_0)
     n = xq.shape[0]
     code = isa_of(isa)  # (a constant for a dot.Path: the other paths' branches go)
+    kind = FIVE_SIGNED if signed else (FIVE if five else (FOUR if four_bit else EIGHT))
     if code == 0:
         panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn)
     if words.size > 0:
@@ -423,17 +368,16 @@ def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq
             _portable_row(lanes, hb, p, four_bit, off, signed, sub, sc, mn, xq, xa, xb, t, s16,
                           psum, acc)  # fmt: skip
         else:
-            # the kernels' arguments after the weights': activations, scales, the sums
-            x_off, group = act_row(xq, t)
-            rest = (xq, x_off, 4 * group, xa, t, xb, t, d, dm, isc, imn, p * d.shape[1] * LANES,
-                    p * isc.shape[1] * LANES, sps, has_min, n_sub, sub, off, acc)  # fmt: skip
-            if words.size > 0 and rows == ROWS:
-                panel_rows_w(*((isa, words, 0, hb, 0) + rest))
-            elif words.size > 0:
-                panel_row_w(*((isa, words, 0, hb, 0) + rest))
+            x_off, group = act_row(xq, t)  # the activations', scales' and sums' offsets
+            s_off, sub_off = p * d.shape[1] * LANES, p * isc.shape[1] * LANES
+            if words.size > 0:
+                panel_kernel(WORDS, rows, isa, words, 0, hb, 0, xq, x_off, 4 * group, xa, t, xb,
+                             t, d, dm, isc, imn, s_off, sub_off, sps, has_min, n_sub, sub, off,
+                             acc)  # fmt: skip
             else:
-                args = (isa, lanes, p * panel_bytes, hb, p * hb.shape[1]) + rest
-                _panel_rows(rows, four_bit, five, signed, args)
+                panel_kernel(kind, rows, isa, lanes, p * panel_bytes, hb, p * hb.shape[1], xq,
+                             x_off, 4 * group, xa, t, xb, t, d, dm, isc, imn, s_off, sub_off, sps,
+                             has_min, n_sub, sub, off, acc)  # fmt: skip
         for i in range(rows):
             for r in range(min(LANES, n_rows - p * LANES)):
                 out[t + i, col0 + p * LANES + r] = acc[i * LANES + r]

@@ -272,116 +272,130 @@ def _data(context: Any, builder: ir.IRBuilder, ty: types.Array, value: ir.Value)
 # offset and no minimum (Q5_0), which int16 activations multiply as v - off
 SIGNED_FIVE = 2
 
-
-def _panel_row(four_bit: bool, rows: int, five: int = 0, words: bool = False) -> Any:
-    def typer(typingctx: Any, isa: Any, lanes: Any, w_off: Any, hb: Any, h_off: Any, xq: Any,
-              x_off: Any, x_stride: Any, xa: Any, xa_off: Any, xb: Any, xb_off: Any, d: Any,
-              dm: Any, isc: Any, imn: Any, s_off: Any, sub_off: Any, sps: Any, has_min: Any,
-              n_sub: Any, sub: Any, off: Any, out: Any) -> Any:  # fmt: skip
-        if not (
-            isinstance(xq, types.Array) and xq.dtype in (types.int8, types.int16, types.float32)
-        ):
-            return None
-        int16 = xq.dtype == types.int16
-        exact = xq.dtype == types.float32
-        elem = 4 if exact else (2 if int16 else 1)
-        argtys = (isa, lanes, w_off, hb, h_off, xq, x_off, x_stride, xa, xa_off, xb, xb_off, d,
-                  dm, isc, imn, s_off, sub_off, sps, has_min, n_sub, sub, off, out)  # fmt: skip
-        sig = types.void(*argtys)
-
-        def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-            v = dict(zip(("isa", "lanes", "w_off", "hb", "h_off", "xq", "x_off", "x_stride",
-                          "xa", "xa_off", "xb", "xb_off", "d", "dm", "isc", "imn", "s_off",
-                          "sub_off", "sps", "has_min", "n_sub", "sub", "off", "out"), args,
-                         strict=True))  # fmt: skip
-            ty = dict(zip(v, sig.args, strict=True))
-
-            def i64(name: str) -> ir.Value:
-                return as_i64(builder, v[name])
-
-            def data(name: str, elem: ir.Type, offset: str | None) -> ir.Value:
-                p = builder.bitcast(_data(context, builder, ty[name], v[name]), elem.as_pointer())
-                return p if offset is None else builder.gep(p, [i64(offset)])
-
-            row = {
-                "w": data("lanes", I8, "w_off"), "hb": data("hb", I8, "h_off"),
-                "x": data("xq", F32, "x_off") if exact else builder.gep(data("xq", I8, None), [builder.mul(i64("x_off"), ir.Constant(I64, elem))]),
-                "xa": data("xa", F32, "xa_off"), "xb": data("xb", F32, "xb_off"),
-                "d": data("d", I16, "s_off"), "dm": data("dm", I16, "s_off"),
-                "isc": data("isc", I8, "sub_off"), "imn": data("imn", I8, "sub_off"),
-                "out": data("out", F32, None), "sps": i64("sps"), "n_sub": i64("n_sub"),
-                "sub": i64("sub"), "off": i64("off"), "x_stride": i64("x_stride"),
-                "has_min": builder.icmp_unsigned("!=", v["has_min"], ir.Constant(v["has_min"].type, 0)),
-                "n_act": builder.extract_value(context.make_array(ty["xa"])(context, builder, v["xa"]).shape, 1),
-            }  # fmt: skip
-            if words and not int16:  # (typed for every mode, emitted for int16 alone)
-                return context.get_dummy_value()
-            if exact:
-                _emit_exact_row(builder, four_bit, row, five)
-                return context.get_dummy_value()
-            one = paths_of(ty["isa"])  # a Path: that path alone, no comparison
-            # only what this host runs is ever emitted
-            paths = [p for p in one or supported() if p != Isa.PORTABLE and p in supported()]
-            if rows > ACT_ROWS:  # DOUBLE: 512-bit only (the 256-bit paths' 16 ymm would spill)
-                paths = [p for p in paths if p == DOUBLE_ISA]
-            if words:
-                paths = [p for p in paths if p == WORDS_ISA]
-            for path in paths:
-                if one:
-                    _emit_rows(builder, path, int16, four_bit, rows, row, five, words)
-                    continue
-                hit = builder.icmp_signed("==", i64("isa"), ir.Constant(I64, int(path)))
-                with builder.if_then(hit):
-                    _emit_rows(builder, path, int16, four_bit, rows, row, five, words)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return intrinsic(typer)
-
-
-# panel_row_4 / panel_row_8(isa, lanes, w_off, hb, h_off, xq, x_off, x_stride, xa, xa_off, xb,
-# xb_off, d, dm, isc, imn, s_off, sub_off, sps, has_min, n_sub, sub, off, out): out[0:16] float32
-# = one panel's 16 rows (from byte w_off of lanes' data; scales from element s_off of d / dm and
-# sub_off of isc / imn) times one quantized activation row (its first word at flat element
-# x_off of xq, its next words x_stride bytes apart: kernels/dot.py's ACT_ROWS; its scales xa
-# (K // act_block, n) and sums xb (K // 16 + K // 32, n) from column xa_off = xb_off, the row's
-# index); isa is an Isa other than PORTABLE that this host supports (any other value leaves
-# out untouched), as an int (every such path emitted, one taken at run time) or a dot.Path
-# (that path alone emitted). With float32 xq (exact mode), xq's row is contiguous from x_off, xa
-# (n, K // sub) holds its sums per sub-block from flat element xa_off, and x_stride, xb and
-# isa are unused. panel_row_5: 5-bit values, lanes as panel_row_4's and their fifth bits from
-# byte h_off of hb's data (kernels/dot.py); the others never read hb.
-panel_row_4 = _panel_row(True, 1)
-panel_row_5 = _panel_row(True, 1, five=1)
-panel_row_5s = _panel_row(True, 1, five=SIGNED_FIVE)
-panel_row_8 = _panel_row(False, 1)
-# the same for ROWS (WIDE) consecutive activation rows of one group (x_off the first's; out[16 t:]
-# for row t); WIDE's are always a full group (x_stride 4 * ACT_ROWS). DOUBLE: two full groups,
-# one weight load and unpack for 16 rows (AVX512_VNNI only: any other isa leaves out untouched)
+# The kinds of panel a kernel multiplies: (four_bit, five, words) of the emitters. WORDS: 4-
+# and 5-bit values that unpack_words has made int16 words (int16 activations on AVX2 only,
+# WORDS_ISA): multiplied as they are, so the many rows of a prefill or a large batch unpack
+# each panel once, not once per ROWS rows (the unpack was 3 of the 19 vector instructions per
+# row and 128 multiply-adds there); the sums are the same integers, the result the same bits.
+FOUR, FIVE, FIVE_SIGNED, EIGHT, WORDS = range(5)
+_KINDS = {
+    FOUR: (True, 0, False), FIVE: (True, 1, False), FIVE_SIGNED: (True, SIGNED_FIVE, False),
+    EIGHT: (False, 0, False), WORDS: (True, 0, True),
+}  # fmt: skip
+# activation rows a call multiplies: 1, ROWS, or WIDE (always a full group, x_stride 4 *
+# ACT_ROWS); DOUBLE two full groups, one weight load and unpack for 16 rows (AVX512_VNNI only)
 ROWS, WIDE, DOUBLE = 4, ACT_ROWS, 2 * ACT_ROWS
 DOUBLE_ISA = int(Isa.AVX512_VNNI)  # the one path DOUBLE's kernels are emitted for
-panel_rows_4 = _panel_row(True, ROWS)
-panel_rows_5 = _panel_row(True, ROWS, five=1)
-panel_rows_5s = _panel_row(True, ROWS, five=SIGNED_FIVE)
-panel_rows_8 = _panel_row(False, ROWS)
-panel_wide_4 = _panel_row(True, WIDE)
-panel_wide_5 = _panel_row(True, WIDE, five=1)
-panel_wide_5s = _panel_row(True, WIDE, five=SIGNED_FIVE)
-panel_wide_8 = _panel_row(False, WIDE)
-panel_double_4 = _panel_row(True, DOUBLE)
-panel_double_5 = _panel_row(True, DOUBLE, five=1)
-panel_double_5s = _panel_row(True, DOUBLE, five=SIGNED_FIVE)
-panel_double_8 = _panel_row(False, DOUBLE)
-# int16 activations on AVX2 times 4- and 5-bit values that unpack_words has made int16 words
-# (lanes: its `out`, w_off its byte; hb unused): the words are multiplied as they are, so the
-# many rows of a prefill or a large batch unpack each panel once, not once per ROWS rows (the
-# unpack was 3 of the 19 vector instructions per row and 128 multiply-adds there); the sums are
-# the same integers, the result the same bits. Emitted for AVX2 only (WORDS_ISA; any other isa
-# leaves out untouched).
-WORDS_ISA = int(Isa.AVX2)
-panel_row_w = _panel_row(True, 1, words=True)
-panel_rows_w = _panel_row(True, ROWS, words=True)
+WORDS_ISA = int(Isa.AVX2)  # the one path WORDS' kernels are emitted for
+_NAMES = ("kind", "rows", "isa", "lanes", "w_off", "hb", "h_off", "xq", "x_off", "x_stride",
+          "xa", "xa_off", "xb", "xb_off", "d", "dm", "isc", "imn", "s_off", "sub_off", "sps",
+          "has_min", "n_sub", "sub", "off", "out")  # fmt: skip
+
+
+def _variants(xq: types.Array, lanes: Any) -> list[tuple[int, int]]:
+    """(kind, rows) a call site with these types can run: words come as an int16 array, any
+    other panel as its lanes; exact mode (float32 xq) one row at a time."""
+    int16 = xq.dtype == types.int16
+    if isinstance(lanes, types.Array) and lanes.dtype == types.int16:
+        return [(WORDS, 1), (WORDS, ROWS)] if int16 else []
+    if xq.dtype == types.float32:
+        return [(FOUR, 1), (FIVE, 1), (EIGHT, 1)]
+    return [(k, r) for k in (FOUR, FIVE, FIVE_SIGNED, EIGHT) for r in (1, ROWS, WIDE, DOUBLE)]
+
+
+def _emit_variant(
+    b: ir.IRBuilder, kind: int, rows: int, xq: types.Array, isa: Any, r: dict[str, ir.Value],
+    isa_value: ir.Value | None,
+) -> None:  # fmt: skip
+    """The kernel of one kind and row count: every path this host runs that it has (isa an
+    int: each compared with isa_value at run time; a dot.Path: that path alone)."""
+    four_bit, five, words = _KINDS[kind]
+    if xq.dtype == types.float32:
+        _emit_exact_row(b, four_bit, r, five)
+        return
+    int16 = xq.dtype == types.int16
+    one = paths_of(isa)
+    # only what this host runs is ever emitted
+    paths = [p for p in one or supported() if p != Isa.PORTABLE and p in supported()]
+    if rows > ACT_ROWS:  # DOUBLE: 512-bit only (the 256-bit paths' 16 ymm would spill)
+        paths = [p for p in paths if p == DOUBLE_ISA]
+    if words:
+        paths = [p for p in paths if p == WORDS_ISA]
+    for path in paths:
+        if one:
+            _emit_rows(b, path, int16, four_bit, rows, r, five, words)
+            continue
+        assert isa_value is not None
+        with b.if_then(b.icmp_signed("==", isa_value, ir.Constant(I64, int(path)))):
+            _emit_rows(b, path, int16, four_bit, rows, r, five, words)
+
+
+def _panel_kernel(
+    typingctx: Any, kind: Any, rows: Any, isa: Any, lanes: Any, w_off: Any, hb: Any, h_off: Any,
+    xq: Any, x_off: Any, x_stride: Any, xa: Any, xa_off: Any, xb: Any, xb_off: Any, d: Any,
+    dm: Any, isc: Any, imn: Any, s_off: Any, sub_off: Any, sps: Any, has_min: Any, n_sub: Any,
+    sub: Any, off: Any, out: Any,
+) -> Any:  # fmt: skip
+    argtys = (kind, rows, isa, lanes, w_off, hb, h_off, xq, x_off, x_stride, xa, xa_off, xb,
+              xb_off, d, dm, isc, imn, s_off, sub_off, sps, has_min, n_sub, sub, off, out)  # fmt: skip
+    ty = dict(zip(_NAMES, argtys, strict=True))
+    if not (isinstance(xq, types.Array) and xq.dtype in (types.int8, types.int16, types.float32)):
+        return None
+    exact = xq.dtype == types.float32
+    elem = 4 if exact else (2 if xq.dtype == types.int16 else 1)
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        v = dict(zip(_NAMES, args, strict=True))
+
+        def i64(name: str) -> ir.Value:
+            return as_i64(builder, v[name])
+
+        def data(name: str, elem: ir.Type, offset: str | None) -> ir.Value:
+            p = builder.bitcast(_data(context, builder, ty[name], v[name]), elem.as_pointer())
+            return p if offset is None else builder.gep(p, [i64(offset)])
+
+        row = {
+            "w": data("lanes", I8, "w_off"), "hb": data("hb", I8, "h_off"),
+            "x": data("xq", F32, "x_off") if exact else builder.gep(data("xq", I8, None), [builder.mul(i64("x_off"), ir.Constant(I64, elem))]),
+            "xa": data("xa", F32, "xa_off"), "xb": data("xb", F32, "xb_off"),
+            "d": data("d", I16, "s_off"), "dm": data("dm", I16, "s_off"),
+            "isc": data("isc", I8, "sub_off"), "imn": data("imn", I8, "sub_off"),
+            "out": data("out", F32, None), "sps": i64("sps"), "n_sub": i64("n_sub"),
+            "sub": i64("sub"), "off": i64("off"), "x_stride": i64("x_stride"),
+            "has_min": builder.icmp_unsigned("!=", v["has_min"], ir.Constant(v["has_min"].type, 0)),
+            "n_act": builder.extract_value(context.make_array(ty["xa"])(context, builder, v["xa"]).shape, 1),
+        }  # fmt: skip
+        isa_value = None if paths_of(isa) else i64("isa")  # (a Path has no value)
+        for kind, rows in _variants(xq, lanes):
+            hit = builder.and_(
+                builder.icmp_signed("==", i64("kind"), ir.Constant(I64, kind)),
+                builder.icmp_signed("==", i64("rows"), ir.Constant(I64, rows)),
+            )
+            with builder.if_then(hit):
+                _emit_variant(builder, kind, rows, xq, isa, row, isa_value)
+        return context.get_dummy_value()
+
+    return types.void(*argtys), codegen
+
+
+# panel_kernel(kind, rows, isa, lanes, w_off, hb, h_off, xq, x_off, x_stride, xa, xa_off, xb,
+# xb_off, d, dm, isc, imn, s_off, sub_off, sps, has_min, n_sub, sub, off, out): out[16 t : 16 t
+# + 16] float32 = one panel's 16 rows (kind FOUR, FIVE, FIVE_SIGNED or EIGHT: from byte w_off
+# of lanes' data; WORDS: lanes is unpack_words' int16 `out`, w_off its byte; FIVE's and
+# FIVE_SIGNED's fifth bits from byte h_off of hb's data, kernels/dot.py; scales from element
+# s_off of d / dm and sub_off of isc / imn) times `rows` consecutive quantized activation rows t
+# (the first's first word at flat element x_off of xq, its next words x_stride bytes apart:
+# kernels/dot.py's ACT_ROWS; their scales xa (K // act_block, n) and sums xb (K // 16 + K // 32,
+# n) from column xa_off = xb_off, the first row's index). isa is an Isa other than PORTABLE
+# that this host supports, as an int (every such path emitted, one taken at run time) or a
+# dot.Path (that path alone emitted); a kind, rows or isa this call site cannot run (DOUBLE
+# off AVX512_VNNI, WORDS off AVX2, an isa the host lacks) leaves out untouched. With float32
+# xq (exact mode, one row), xq's row is contiguous from x_off, xa (n, K // sub) holds its sums
+# per sub-block from flat element xa_off, and x_stride, xb and isa are unused. One intrinsic,
+# its arguments passed one by one: the kernel named per kind and rows, called with a tuple of
+# them, made every call count its arrays' references (an atomic add each, on a cache line
+# both workers share: 7-8% of a prefill's samples on the AVX2 proxy, bench/README.md).
+panel_kernel: Any = intrinsic(_panel_kernel)
 
 
 def _unpack_words(five: bool) -> Any:
