@@ -179,8 +179,8 @@ def steps_case(args: argparse.Namespace) -> None:
         batch = bm.prefill_batch(args.prefill)
         per_side = {side: rebuild(side, batch) for side in runners}
         outs = {side: runners[side].run(per_side[side]) for side in runners}
-        times = alternate({s: partial(_run_nth, runners[s], [per_side[s]] * args.repeat) for s in runners},
-                          args.repeat)  # fmt: skip
+        calls = {s: partial(_run_nth, runners[s], [per_side[s]] * args.repeat) for s in runners}
+        times = alternate(calls, args.repeat)
         line(f"prefill {args.prefill}", times, 1e3, "ms", compare(outs))
 
 

@@ -18,8 +18,8 @@ from numba.extending import intrinsic
 
 from enginecore.kernels import gemm
 from enginecore.kernels.dot import HIGH_BYTES, I8, I16, I32, I64, lane_values, vec
-from enginecore.kernels.panels import LANES, group_values, high_bit, sub_scales
-from enginecore.kernels.simd import EIGHT, FIVE, FOUR, panel_kernel
+from enginecore.kernels.panels import LANES, group_values, high_bit, panel_kind, sub_scales
+from enginecore.kernels.simd import panel_kernel
 
 F32 = ir.FloatType()
 V16 = vec(F32, 16)
@@ -51,7 +51,7 @@ def f32_matmul(x, xs, fmt, out, col0, n_rows, parts):
     five = hb.shape[1] > 0
     unused = np.empty(1, np.int32)
     step = -(-P // parts)
-    kind = FIVE if five else (FOUR if four_bit else EIGHT)
+    kind = panel_kind(four_bit, five, False)  # (exact mode: any offset, no folding)
     for part in prange(parts):
         acc = np.empty(LANES, np.float32)
         for p in range(part * step, min(P, part * step + step)):

@@ -289,6 +289,12 @@ def _portable_row(lanes, hb, p, four_bit, off, signed, sub, sc, mn, xq, xa, xb, 
 
 
 @njit(cache=True, nogil=True, inline="always")
+def panel_kind(four_bit, five, signed):
+    # kernels/simd.py's panel_kernel kind of a matrix's panels as packed (not words)
+    return FIVE_SIGNED if signed else (FIVE if five else (FOUR if four_bit else EIGHT))
+
+
+@njit(cache=True, nogil=True, inline="always")
 def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
     # (the claims' counters are made out here: an array made inside a parallel function
     # costs its region ~1.7 us, more than a one-row matmul of a small matrix gains from claims)
@@ -346,7 +352,7 @@ def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq
     # kernels/simd.py's SIGNED_FIVE (Q5_0)
     n = xq.shape[0]
     code = isa_of(isa)  # (a constant for a dot.Path: the other paths' branches go)
-    kind = FIVE_SIGNED if signed else (FIVE if five else (FOUR if four_bit else EIGHT))
+    kind = panel_kind(four_bit, five, signed)
     if code == 0:
         panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn)
     if words.size > 0:

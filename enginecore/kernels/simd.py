@@ -20,6 +20,7 @@ loop), no fast-math flags: a portable numba loop doing the same scalar operation
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from llvmlite import ir
@@ -287,9 +288,6 @@ _KINDS = {
 ROWS, WIDE, DOUBLE = 4, ACT_ROWS, 2 * ACT_ROWS
 DOUBLE_ISA = int(Isa.AVX512_VNNI)  # the one path DOUBLE's kernels are emitted for
 WORDS_ISA = int(Isa.AVX2)  # the one path WORDS' kernels are emitted for
-_NAMES = ("kind", "rows", "isa", "lanes", "w_off", "hb", "h_off", "xq", "x_off", "x_stride",
-          "xa", "xa_off", "xb", "xb_off", "d", "dm", "isc", "imn", "s_off", "sub_off", "sps",
-          "has_min", "n_sub", "sub", "off", "out")  # fmt: skip
 
 
 def _variants(xq: types.Array, lanes: Any) -> list[tuple[int, int]]:
@@ -366,13 +364,13 @@ def _panel_kernel(
             "n_act": builder.extract_value(context.make_array(ty["xa"])(context, builder, v["xa"]).shape, 1),
         }  # fmt: skip
         isa_value = None if paths_of(isa) else i64("isa")  # (a Path has no value)
-        for kind, rows in _variants(xq, lanes):
+        for k, n in _variants(xq, lanes):
             hit = builder.and_(
-                builder.icmp_signed("==", i64("kind"), ir.Constant(I64, kind)),
-                builder.icmp_signed("==", i64("rows"), ir.Constant(I64, rows)),
+                builder.icmp_signed("==", i64("kind"), ir.Constant(I64, k)),
+                builder.icmp_signed("==", i64("rows"), ir.Constant(I64, n)),
             )
             with builder.if_then(hit):
-                _emit_variant(builder, kind, rows, xq, isa, row, isa_value)
+                _emit_variant(builder, k, n, xq, isa, row, isa_value)
         return context.get_dummy_value()
 
     return types.void(*argtys), codegen
@@ -396,6 +394,7 @@ def _panel_kernel(
 # them, made every call count its arrays' references (an atomic add each, on a cache line
 # both workers share: 7-8% of a prefill's samples on the AVX2 proxy, bench/README.md).
 panel_kernel: Any = intrinsic(_panel_kernel)
+_NAMES = tuple(inspect.signature(_panel_kernel).parameters)[1:]  # its arguments' names
 
 
 def _unpack_words(five: bool) -> Any:
