@@ -66,6 +66,13 @@ AVX2_ISA = int(Isa.AVX2)
 # small part of a row's work, kernels/simd.py's WORDS kind: the words' stores and reloads cost
 # about as much below 64 rows)
 WORDS_ROWS_5, WORDS_ROWS_4 = 8, 64
+# 4-bit panels of rows no longer than WORDS_SHORT_K values unpack from WORDS_SHORT_ROWS rows:
+# their words (32 K bytes, 24 KB at most) stay in L1 across the row groups. bench.ab --base
+# 3b3de65 on the AVX2 proxy, same bits: --cases matmul at 16 and 32 rows, Q4_1 and Q4_K of K =
+# 576 0.90-0.95x the time, of K = 1536 (48 KB of words) 0.95-1.01x; --cases steps from 16
+# rows, decode B=16 1.03x / 1.05x best (and 1.015x without the unpack's prefetch), from 32 rows
+# B=16 1.00x, B=32 0.96x / 0.99x in two runs
+WORDS_SHORT_K, WORDS_SHORT_ROWS = 768, 32
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -326,7 +333,8 @@ def _matmul_worker(w, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, claimed):
     # Q5_0's (SIGNED_FIVE), which AVX2 hosts pack as 8-bit (weights.five_as_eight_here)
     signed = five and off != 0 and not has_min
     by_words = isa_of(isa) == WORDS_ISA and xq.itemsize == 2 and four_bit and not signed
-    by_words = by_words and n >= (WORDS_ROWS_5 if five else WORDS_ROWS_4)
+    rows_4 = WORDS_SHORT_ROWS if K <= WORDS_SHORT_K else WORDS_ROWS_4
+    by_words = by_words and n >= (WORDS_ROWS_5 if five else rows_4)
     words = np.empty(LANES * K if by_words else 0, np.int16)
     s16 = np.empty(LANES, np.int32)
     psum = np.empty(LANES, np.float32)

@@ -44,6 +44,7 @@ from enginecore.kernels.dot import (
     lane_values,
     load_at,
     paths_of,
+    prefetch_line,
     supported,
     vec,
     with_high,
@@ -412,7 +413,9 @@ def _unpack_words(five: bool) -> Any:
             n = as_i64(b, args[4])
             with cgutils.for_range(b, n) as loop:
                 g = loop.index
-                wv = load_at(b, w, b.mul(g, ir.Constant(I64, 64)), vec(I8, 64))
+                at_g = b.mul(g, ir.Constant(I64, 64))
+                prefetch_line(b, b.gep(w, [b.add(at_g, ir.Constant(I64, PREFETCH_BYTES))]))
+                wv = load_at(b, w, at_g, vec(I8, 64))
                 parts, high = word_nibbles(b, wv, 0, False, False)
                 hb_g = b.gep(hb, [b.mul(g, ir.Constant(I64, HIGH_BYTES))])
                 for q, (part, _, _) in enumerate(parts):
@@ -433,7 +436,12 @@ def _unpack_words(five: bool) -> Any:
 # fifth bits from byte h_off of hb's data) as int16 words in the layout of 8-bit values with
 # int16 activations, at out (int16, 128 values a group): group g's nibble p of both words is
 # the pair (8 g + 2 p, 8 g + 2 p + 1), so its 32 words go to out[64 (4 g + p):] as they are
-# masked (the values v, fifth bit included).
+# masked (the values v, fifth bit included). Each group first asks for the line PREFETCH_BYTES
+# further: the kernel calls that follow an unpack read the words, not the lanes, so the
+# hardware's prefetcher had stopped short of the next panel, and each unpack began with its
+# first lines from DRAM (bench.ab --base 3b3de65 --cases steps on the AVX2 proxy, with
+# panels.py's WORDS_SHORT_ROWS: decode B=64 0.961x / 0.988x best, prefill 256 0.974x / 0.980x
+# in two runs, same bits).
 unpack_words_4 = _unpack_words(False)
 unpack_words_5 = _unpack_words(True)
 

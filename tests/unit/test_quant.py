@@ -434,19 +434,22 @@ def test_unpacked_words_are_the_values_in_the_eight_bit_layout(qtype: Q) -> None
     np.testing.assert_array_equal(got, dec.v)
 
 
+@pytest.mark.parametrize("first", [panels.WORDS_SHORT_ROWS, panels.WORDS_ROWS_4])
 @pytest.mark.parametrize("largest", [False, True])
 @pytest.mark.parametrize("qtype", WORD_TYPES, ids=lambda t: t.name)
 def test_avx2_words_kernels_equal_portable_bit_for_bit(
-    qtype: Q, largest: bool, monkeypatch: pytest.MonkeyPatch
+    qtype: Q, largest: bool, first: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # enough rows that the AVX2 path multiplies unpacked words (kernels/panels.py's WORDS_ROWS_4
-    # and _5), a block of ROWS and a lone row after them; `largest`: every value its largest
-    # times full-scale activations, the largest sums the words' int32 lanes take
+    # enough rows that the AVX2 path multiplies unpacked words (kernels/panels.py's
+    # WORDS_SHORT_ROWS for COLS <= WORDS_SHORT_K, WORDS_ROWS_4 and _5), a block of ROWS and a
+    # lone row after them; `largest`: every value its largest times full-scale activations, the
+    # largest sums the words' int32 lanes take
     if dot.Isa.AVX2 not in dot.supported():
         pytest.skip("this host cannot run AVX2")
+    assert COLS <= panels.WORDS_SHORT_K
     raw, w = blocks(qtype)
     dec = gguf_types.decode(qtype, raw)
-    n = panels.WORDS_ROWS_4 + simd.ROWS + 1
+    n = first + simd.ROWS + 1
     x = RNG.standard_normal((n, COLS)).astype(np.float32)
     if largest:
         dec.v[:] = 2**dec.bits - 1
