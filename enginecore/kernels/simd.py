@@ -44,7 +44,7 @@ from enginecore.kernels.dot import (
     lane_values,
     load_at,
     paths_of,
-    prefetch_line,
+    prefetch,
     supported,
     vec,
     with_high,
@@ -414,7 +414,7 @@ def _unpack_words(five: bool) -> Any:
             with cgutils.for_range(b, n) as loop:
                 g = loop.index
                 at_g = b.mul(g, ir.Constant(I64, 64))
-                prefetch_line(b, b.gep(w, [b.add(at_g, ir.Constant(I64, PREFETCH_BYTES))]))
+                prefetch(b, b.gep(w, [at_g]), PREFETCH_BYTES)
                 wv = load_at(b, w, at_g, vec(I8, 64))
                 parts, high = word_nibbles(b, wv, 0, False, False)
                 hb_g = b.gep(hb, [b.mul(g, ir.Constant(I64, HIGH_BYTES))])
