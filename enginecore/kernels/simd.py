@@ -318,6 +318,8 @@ def _emit_variant(
     paths = [p for p in one or supported() if p != Isa.PORTABLE and p in supported()]
     if rows > ACT_ROWS:  # DOUBLE: 512-bit only (the 256-bit paths' 16 ymm would spill)
         paths = [p for p in paths if p == DOUBLE_ISA]
+    if rows == WIDE and int16:  # never run: AVX2 multiplies int16 rows 4 at a time (its 16 ymm
+        paths = [p for p in paths if p != Isa.AVX2]  # spilled 8 rows' sums; panels.py's _panel)
     if words:
         paths = [p for p in paths if p == WORDS_ISA]
     for path in paths:
@@ -388,7 +390,8 @@ def _panel_kernel(
 # n) from column xa_off = xb_off, the first row's index). isa is an Isa other than PORTABLE
 # that this host supports, as an int (every such path emitted, one taken at run time) or a
 # dot.Path (that path alone emitted); a kind, rows or isa this call site cannot run (DOUBLE
-# off AVX512_VNNI, WORDS off AVX2, an isa the host lacks) leaves out untouched. With float32
+# off AVX512_VNNI, WORDS off AVX2, WIDE with int16 activations on AVX2, an isa the host lacks)
+# leaves out untouched. With float32
 # xq (exact mode, one row), xq's row is contiguous from x_off, xa (n, K // sub) holds its sums
 # per sub-block from flat element xa_off, and x_stride, xb and isa are unused. One intrinsic,
 # its arguments passed one by one: the kernel named per kind and rows, called with a tuple of
