@@ -318,8 +318,10 @@ def _emit_variant(
     paths = [p for p in one or supported() if p != Isa.PORTABLE and p in supported()]
     if rows > ACT_ROWS:  # DOUBLE: 512-bit only (the 256-bit paths' 16 ymm would spill)
         paths = [p for p in paths if p == DOUBLE_ISA]
-    if rows == WIDE and int16:  # never run: AVX2 multiplies int16 rows 4 at a time (its 16 ymm
-        paths = [p for p in paths if p != Isa.AVX2]  # spilled 8 rows' sums; panels.py's _panel)
+    if rows == WIDE and int16:
+        # never run: AVX2 multiplies int16 rows 4 at a time (8 rows' sums spilled its 16 ymm;
+        # kernels/panels.py's _panel), so not compiled either
+        paths = [p for p in paths if p != Isa.AVX2]
     if words:
         paths = [p for p in paths if p == WORDS_ISA]
     for path in paths:
@@ -391,12 +393,12 @@ def _panel_kernel(
 # that this host supports, as an int (every such path emitted, one taken at run time) or a
 # dot.Path (that path alone emitted); a kind, rows or isa this call site cannot run (DOUBLE
 # off AVX512_VNNI, WORDS off AVX2, WIDE with int16 activations on AVX2, an isa the host lacks)
-# leaves out untouched. With float32
-# xq (exact mode, one row), xq's row is contiguous from x_off, xa (n, K // sub) holds its sums
-# per sub-block from flat element xa_off, and x_stride, xb and isa are unused. One intrinsic,
-# its arguments passed one by one: the kernel named per kind and rows, called with a tuple of
-# them, made every call count its arrays' references (an atomic add each, on a cache line
-# both workers share: 7-8% of a prefill's samples on the AVX2 proxy, bench/README.md).
+# leaves out untouched. With float32 xq (exact mode, one row), xq's row is contiguous from
+# x_off, xa (n, K // sub) holds its sums per sub-block from flat element xa_off, and x_stride,
+# xb and isa are unused. One intrinsic, its arguments passed one by one: the kernel named per
+# kind and rows, called with a tuple of them, made every call count its arrays' references (an
+# atomic add each, on a cache line both workers share: 7-8% of a prefill's samples on the AVX2
+# proxy, bench/README.md).
 panel_kernel: Any = intrinsic(_panel_kernel)
 _NAMES = tuple(inspect.signature(_panel_kernel).parameters)[1:]  # its arguments' names
 
