@@ -36,7 +36,7 @@ from enginecore.kernels.claim import (
     shares_to_claim,
     sync_add,
 )
-from enginecore.kernels.dot import ACT_ROWS, HIGH_BYTES, Isa, isa_of
+from enginecore.kernels.dot import ACT_ROWS, HIGH_BYTES, isa_of
 from enginecore.kernels.f16 import f16_bits_to_f32
 from enginecore.kernels.simd import (
     DOUBLE,
@@ -45,6 +45,7 @@ from enginecore.kernels.simd import (
     FIVE,
     FIVE_SIGNED,
     FOUR,
+    NO_WIDE_INT16_ISA,
     ROWS,
     WIDE,
     WORDS,
@@ -57,7 +58,6 @@ from enginecore.kernels.simd import (
 )
 
 LANES = 16  # output rows per panel
-AVX2_ISA = int(Isa.AVX2)
 # activation rows from which int16 activations on AVX2 unpack each 5-bit (4-bit) panel to
 # words once (kernels/simd.py's unpack_words) rather than in every kernel call of ROWS rows.
 # bench.ab --cases matmul against 656c3c3, AVX2 proxy (bench/isa.py), same bits: Q5_K at the
@@ -374,7 +374,7 @@ def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq
         rows = 1
         if code == DOUBLE_ISA and t + DOUBLE <= n:
             rows = DOUBLE
-        elif code != 0 and t + WIDE <= n and not (code == AVX2_ISA and xq.itemsize == 2):
+        elif code != 0 and t + WIDE <= n and not (code == NO_WIDE_INT16_ISA and xq.itemsize == 2):
             rows = WIDE
         elif code != 0 and t + ROWS <= n:
             rows = ROWS

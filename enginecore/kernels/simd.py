@@ -289,6 +289,9 @@ _KINDS = {
 ROWS, WIDE, DOUBLE = 4, ACT_ROWS, 2 * ACT_ROWS
 DOUBLE_ISA = int(Isa.AVX512_VNNI)  # the one path DOUBLE's kernels are emitted for
 WORDS_ISA = int(Isa.AVX2)  # the one path WORDS' kernels are emitted for
+# the path that multiplies int16 activation rows ROWS at a time, and has no WIDE kernels for
+# them: 8 rows' sums spilled its 16 ymm (kernels/panels.py's _panel asks for none)
+NO_WIDE_INT16_ISA = int(Isa.AVX2)
 
 
 def _variants(xq: types.Array, lanes: Any) -> list[tuple[int, int]]:
@@ -319,9 +322,7 @@ def _emit_variant(
     if rows > ACT_ROWS:  # DOUBLE: 512-bit only (the 256-bit paths' 16 ymm would spill)
         paths = [p for p in paths if p == DOUBLE_ISA]
     if rows == WIDE and int16:
-        # never run: AVX2 multiplies int16 rows 4 at a time (8 rows' sums spilled its 16 ymm;
-        # kernels/panels.py's _panel), so not compiled either
-        paths = [p for p in paths if p != Isa.AVX2]
+        paths = [p for p in paths if p != NO_WIDE_INT16_ISA]
     if words:
         paths = [p for p in paths if p == WORDS_ISA]
     for path in paths:
