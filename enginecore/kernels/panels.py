@@ -303,20 +303,18 @@ def panel_kind(four_bit, five, signed):
 
 @njit(cache=True, nogil=True, inline="always")
 def int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts):
-    # (the claims' counters are made out here: an array made inside a parallel function
-    # costs its region ~1.7 us, more than a one-row matmul of a small matrix gains from claims)
-    # (np.int64: a caller's literal 0 would otherwise compile a second specialization)
-    _int_matmul(xq, xa, xb, fmt, isa, out, np.int64(col0), n_rows, parts, counters(parts))
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def _int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts, claimed):
     # out[t, col0 + row] for the matrix's n_rows rows (the last panel may hold padding) =
     # the sum over sub-blocks of sc * xa * S + c * xb (kernels/simd.py's docstring: its order
     # and roundings), S the exact int32 sum of v * xq over each activation block inside the
-    # sub-block: kernels/simd.py's panel_kernel, or the same arithmetic in plain loops (isa 0)
-    for w in prange(parts):
-        _matmul_worker(w, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, claimed)
+    # sub-block: kernels/simd.py's panel_kernel, or the same arithmetic in plain loops (isa 0).
+    # _int_matmul's region with no values to quantize (x without rows; its unused counters
+    # are `claimed` again). (The claims' counters are made out here: an array made inside a
+    # parallel function costs its region ~1.7 us, more than a one-row matmul of a small
+    # matrix gains from claims.) (np.int64: a caller's literal 0 would otherwise compile a
+    # second specialization.)
+    claimed = counters(parts)
+    _int_matmul(np.empty((0, xq.shape[1]), np.float32), np.int64(0), xq, xa, xb, fmt, isa,
+                out, np.int64(col0), n_rows, parts, claimed, claimed, claimed)  # fmt: skip
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -419,7 +417,7 @@ def quantize(x, kind, qmax, workers):
 @njit(cache=True, nogil=True, inline="always")
 def quantize_matmul(x, kind, qmax, fmt, isa, out, col0, n_rows, parts):
     # int_matmul of x (n, K) float32, quantized to kind's type in the same parallel region
-    # (_quantize_int_matmul); returns the quantized activations (xq, xa, xb) for further
+    # (_int_matmul); returns the quantized activations (xq, xa, xb) for further
     # matrices of the same input
     x = np.ascontiguousarray(x)  # (quantize_block reads rows by flat offsets)
     xq, xa, xb = act_buffers(x.shape[0], x.shape[1], kind)
@@ -427,8 +425,8 @@ def quantize_matmul(x, kind, qmax, fmt, isa, out, col0, n_rows, parts):
         _quantize_serial(x, qmax, xq, xa, xb)
         int_matmul(xq, xa, xb, fmt, isa, out, col0, n_rows, parts)
     else:
-        _quantize_int_matmul(x, qmax, xq, xa, xb, fmt, isa, out, np.int64(col0), n_rows, parts,
-                             counters(parts), counters(parts), counters(1))  # fmt: skip
+        _int_matmul(x, qmax, xq, xa, xb, fmt, isa, out, np.int64(col0), n_rows, parts,
+                    counters(parts), counters(parts), counters(1))  # fmt: skip
     return xq, xa, xb
 
 
@@ -451,14 +449,18 @@ def quantize_units(w, x, qmax, xq, xa, xb, claimed):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _quantize_int_matmul(x, qmax, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, c_quant,
-                         c_panels, done):  # fmt: skip
-    # quantize_rows then _int_matmul, one region: the workers claim 32-value units of
-    # activations (every row's) from any share, wait until all are quantized (kernels/
-    # claim.py's done_wait), then claim panels. A region's fork and join cost ~2.5 us, and below
-    # QUANTIZE_SERIAL_VALUES the quantization ran on one thread while the other waited.
-    # An item is 32 values of every row: int8's second block of 16 adds the first's sum
+def _int_matmul(x, qmax, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, c_quant, c_panels,
+                done):  # fmt: skip
+    # x's rows quantized (quantize_rows, when it has rows), then the matmul, one region: the
+    # workers claim 32-value units of activations (every row's) from any share, wait until all
+    # are quantized (kernels/claim.py's done_wait), then claim panels. A region's fork and join
+    # cost ~2.5 us, and below QUANTIZE_SERIAL_VALUES the quantization ran on one thread while
+    # the other waited. An item is 32 values of every row: int8's second block of 16 adds the
+    # first's sum. int_matmul and quantize_matmul share this one region, so that the worker's
+    # kernels (every panel kind's) are compiled once: each inlined copy took ~35 s of a cold
+    # start (kernels/simd.py's variants)
     for w in prange(parts):
-        sync_add(done, 0, quantize_units(w, x, qmax, xq, xa, xb, c_quant))
-        done_wait(done, x.shape[1] // 32)
+        if x.shape[0] > 0:
+            sync_add(done, 0, quantize_units(w, x, qmax, xq, xa, xb, c_quant))
+            done_wait(done, x.shape[1] // 32)
         _matmul_worker(w, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, c_panels)
