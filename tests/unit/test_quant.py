@@ -23,6 +23,7 @@ TYPES = sorted(FP16_FIELDS, key=lambda t: t.name)
 RNG = np.random.default_rng(11)
 FIVE_BIT = {Q.Q5_0, Q.Q5_1, Q.Q5_K}
 ROWS, COLS = 37, 512  # a part-filled last panel; two K-quant super-blocks
+LONG_COLS = 1024  # rows longer than kernels/panels.py's WORDS_SHORT_K
 
 
 def blocks(qtype: Q, rows: int = ROWS, cols: int = COLS) -> tuple[np.ndarray, np.ndarray]:
@@ -434,23 +435,25 @@ def test_unpacked_words_are_the_values_in_the_eight_bit_layout(qtype: Q) -> None
     np.testing.assert_array_equal(got, dec.v)
 
 
-@pytest.mark.parametrize("first", [panels.WORDS_SHORT_ROWS, panels.WORDS_ROWS_4])
+@pytest.mark.parametrize(
+    ("first", "cols"), [(panels.WORDS_SHORT_ROWS, COLS), (panels.WORDS_ROWS_4, LONG_COLS)]
+)
 @pytest.mark.parametrize("largest", [False, True])
 @pytest.mark.parametrize("qtype", WORD_TYPES, ids=lambda t: t.name)
 def test_avx2_words_kernels_equal_portable_bit_for_bit(
-    qtype: Q, largest: bool, first: int, monkeypatch: pytest.MonkeyPatch
+    qtype: Q, largest: bool, first: int, cols: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # enough rows that the AVX2 path multiplies unpacked words (kernels/panels.py's
-    # WORDS_SHORT_ROWS for COLS <= WORDS_SHORT_K, WORDS_ROWS_4 and _5), a block of ROWS and a
-    # lone row after them; `largest`: every value its largest times full-scale activations, the
-    # largest sums the words' int32 lanes take
+    # WORDS_SHORT_ROWS for panels of K <= WORDS_SHORT_K, WORDS_ROWS_4 for longer ones, and
+    # WORDS_ROWS_5), a block of ROWS and a lone row after them; `largest`: every value its
+    # largest times full-scale activations, the largest sums the words' int32 lanes take
     if dot.Isa.AVX2 not in dot.supported():
         pytest.skip("this host cannot run AVX2")
-    assert COLS <= panels.WORDS_SHORT_K
-    raw, w = blocks(qtype)
+    assert COLS <= panels.WORDS_SHORT_K < LONG_COLS
+    raw, w = blocks(qtype, cols=cols)
     dec = gguf_types.decode(qtype, raw)
     n = first + simd.ROWS + 1
-    x = RNG.standard_normal((n, COLS)).astype(np.float32)
+    x = RNG.standard_normal((n, cols)).astype(np.float32)
     if largest:
         dec.v[:] = 2**dec.bits - 1
         x = np.where(x < 0, -3.0, 3.0).astype(np.float32)
