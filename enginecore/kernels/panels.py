@@ -457,7 +457,7 @@ def _int_matmul(x, qmax, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, c_quant
     # cost ~2.5 us, and below QUANTIZE_SERIAL_VALUES the quantization ran on one thread while
     # the other waited. An item is 32 values of every row: int8's second block of 16 adds the
     # first's sum. int_matmul and quantize_matmul share this one region, so that the worker's
-    # kernels (every panel kind's) are compiled once: each inlined copy took ~35 s of a cold
+    # kernels (every panel kind's) are compiled once: each inlined copy took 35-49 s of a cold
     # start (kernels/simd.py's variants)
     for w in prange(parts):
         if x.shape[0] > 0:
