@@ -160,6 +160,13 @@ def paths_of(isa_type: Any) -> list[Isa] | None:
     return None
 
 
+def runs_portable(isa_type: Any) -> bool:
+    """Whether a kernel compiled for an `isa` argument of this numba type can take the portable
+    path: an integer, or a PathType naming it."""
+    paths = paths_of(isa_type)
+    return paths is None or Isa.PORTABLE in paths
+
+
 def _isa_of(typingctx: Any, isa: Any) -> Any:
     if isinstance(isa, PathType):
         code = int(isa.isa)

@@ -25,8 +25,11 @@ fused multiply-adds (kernels/simd.py's docstring): the same bits for any row cou
 split or ISA path. Exact mode and the embedding lookups: kernels/dequant.py.
 """
 
+from typing import Any
+
 import numpy as np
 from numba import njit, prange
+from numba.extending import overload
 
 from enginecore.kernels.claim import (
     counters,
@@ -36,7 +39,7 @@ from enginecore.kernels.claim import (
     shares_to_claim,
     sync_add,
 )
-from enginecore.kernels.dot import ACT_ROWS, HIGH_BYTES, isa_of
+from enginecore.kernels.dot import ACT_ROWS, HIGH_BYTES, isa_of, runs_portable
 from enginecore.kernels.f16 import f16_bits_to_f32
 from enginecore.kernels.simd import (
     DOUBLE,
@@ -262,14 +265,31 @@ def _portable_sums(lanes, hb, p, g0, n_groups, four_bit, xq, t, k0, s16, fold):
             s16[r] += s
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _portable_row(lanes, hb, p, four_bit, off, signed, sub, sc, mn, xq, xa, xb, t, s16, psum,
-                  acc):  # fmt: skip
+def portable_row(isa: Any, *args: Any) -> None:
+    # _portable_row(*args) where a kernel's `isa` argument can be the portable path (an int,
+    # or a Path naming it); nothing where its type names a SIMD path, so that numba's own
+    # passes over a region compiled for one path never see the portable loops: they were
+    # half of a cold start's compile of _int_matmul (41 -> 19 s, bench/README.md)
+    raise NotImplementedError("called from jitted code only")
+
+
+@overload(portable_row)
+def _portable_row_for(isa, *args):
+    if runs_portable(isa):
+        return lambda isa, *args: _portable_row(*args)
+    return lambda isa, *args: None
+
+
+@njit(cache=True, nogil=True)
+def _portable_row(lanes, hb, d, dm, isc, imn, p, four_bit, off, signed, sub, sps, has_min, sc,
+                  mn, xq, xa, xb, t, s16, psum, acc):  # fmt: skip
     # acc (16,) = panel p's rows times activation row t, in panel_kernel's order of operations
     # (kernels/simd.py's docstring): per sub-block P = a * S (then P = fma(a, S, P) for each
     # further activation block inside it), tmp = fma(c, xb, sc * P) (c = fma(-off, sc, mn),
     # xb its activations' sum), acc = acc + tmp; `signed` (SIGNED_FIVE) or 8-bit values with
-    # int16 activations: S of v - off, and tmp = sc * P
+    # int16 activations: S of v - off, and tmp = sc * P. (The panel's scales made again for
+    # each row: the portable loop is the reference the paths are tested against.)
+    panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn)
     fold = lanes.itemsize == 2 and (signed or not four_bit)
     per_group = group_values(lanes, four_bit)
     ab = act_block(xq)
@@ -359,8 +379,6 @@ def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq
     n = xq.shape[0]
     code = isa_of(isa)  # (a constant for a dot.Path: the other paths' branches go)
     kind = panel_kind(four_bit, five, signed)
-    if code == 0:
-        panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn)
     if words.size > 0:
         n_groups = n_sub * sub // 8
         if five:
@@ -377,8 +395,8 @@ def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq
         elif code != 0 and t + ROWS <= n:
             rows = ROWS
         if code == 0:
-            _portable_row(lanes, hb, p, four_bit, off, signed, sub, sc, mn, xq, xa, xb, t, s16,
-                          psum, acc)  # fmt: skip
+            portable_row(isa, lanes, hb, d, dm, isc, imn, p, four_bit, off, signed, sub, sps,
+                         has_min, sc, mn, xq, xa, xb, t, s16, psum, acc)  # fmt: skip
         else:
             x_off, group = act_row(xq, t)  # the activations', scales' and sums' offsets
             s_off, sub_off = p * d.shape[1] * LANES, p * isc.shape[1] * LANES
