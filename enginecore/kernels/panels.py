@@ -269,7 +269,8 @@ def portable_row(isa: Any, *args: Any) -> None:
     # _portable_row(*args) where a kernel's `isa` argument can be the portable path (an int,
     # or a Path naming it); nothing where its type names a SIMD path, so that numba's own
     # passes over a region compiled for one path never see the portable loops: they were
-    # half of a cold start's compile of _int_matmul (41 -> 19 s, bench/README.md)
+    # half of a cold start's compile of _int_matmul (41 -> 18 s on the AVX-512 path, 40 -> 24
+    # on AVX2: bench/README.md, session 36)
     raise NotImplementedError("called from jitted code only")
 
 

@@ -121,10 +121,11 @@ def test_integer_paths_equal_portable_bit_for_bit(
     x = RNG.standard_normal((n, COLS)).astype(np.float32) * 3
     outs = {}
     # every path from one kernel compiled with all of them (an int), then the selected one from
-    # kernels compiled with it alone (a dot.Path), as a server runs it, and the portable one so
-    # (a host without AVX2: panels.portable_row's loop, which a SIMD path's kernels leave out);
-    # the quantized activations made once (the int kernel is then int_matmul's alone, not also
-    # the one that quantizes in its parallel region: each costs a minute or two of a cold CI run)
+    # kernels compiled with it alone (a dot.Path), as a server runs it, and the portable one as
+    # a Path too (a host without AVX2: panels.portable_row's loop, which the SIMD paths' Path
+    # kernels leave out); the quantized activations made once (the int kernel is then
+    # int_matmul's alone, not also the one that quantizes in its parallel region: each costs a
+    # minute or two of a cold CI run)
     acts = weights.quantize(x, numerics)
     for isa in [*map(int, dot.supported()), dot.SELECTED, dot.Isa.PORTABLE]:
         monkeypatch.setattr(weights, "ISA", isa)
