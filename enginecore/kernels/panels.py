@@ -282,14 +282,20 @@ def _portable_row_for(isa, *args):
 
 
 @njit(cache=True, nogil=True)
-def _portable_row(lanes, hb, d, dm, isc, imn, p, four_bit, off, signed, sub, sps, has_min, sc,
-                  mn, xq, xa, xb, t, s16, psum, acc):  # fmt: skip
+def _portable_row(lanes, hb, d, dm, isc, imn, p, four_bit, off, signed, sub, sps, has_min, xq,
+                  xa, xb, t, acc):  # fmt: skip
     # acc (16,) = panel p's rows times activation row t, in panel_kernel's order of operations
     # (kernels/simd.py's docstring): per sub-block P = a * S (then P = fma(a, S, P) for each
     # further activation block inside it), tmp = fma(c, xb, sc * P) (c = fma(-off, sc, mn),
     # xb its activations' sum), acc = acc + tmp; `signed` (SIGNED_FIVE) or 8-bit values with
-    # int16 activations: S of v - off, and tmp = sc * P. (The panel's scales made again for
-    # each row: the portable loop is the reference the paths are tested against.)
+    # int16 activations: S of v - off, and tmp = sc * P. (Its scratch and the panel's scales
+    # made again for each row: the portable loop is the reference the paths are tested
+    # against, and a SIMD path's matmul allocates nothing for it.)
+    n_sub = xq.shape[1] // sub
+    s16 = np.empty(LANES, np.int32)
+    psum = np.empty(LANES, np.float32)
+    sc = np.empty((n_sub, LANES), np.float32)
+    mn = np.empty((n_sub, LANES), np.float32)
     panel_scales(d, dm, isc, imn, p, sps, has_min, sc, mn)
     fold = lanes.itemsize == 2 and (signed or not four_bit)
     per_group = group_values(lanes, four_bit)
@@ -355,25 +361,20 @@ def _matmul_worker(w, xq, xa, xb, fmt, isa, out, col0, n_rows, parts, claimed):
     rows_4 = WORDS_SHORT_ROWS if K <= WORDS_SHORT_K else WORDS_ROWS_4
     by_words = by_words and n >= (WORDS_ROWS_5 if five else rows_4)
     words = np.empty(LANES * K if by_words else 0, np.int16)
-    s16 = np.empty(LANES, np.int32)
-    psum = np.empty(LANES, np.float32)
     acc = np.empty(DOUBLE * LANES, np.float32)
-    sc = np.empty((n_sub, LANES), np.float32)
-    mn = np.empty((n_sub, LANES), np.float32)
     while True:
         chunk = next_item(claimed, w, n_chunks, shares_to_claim(n_chunks, parts))
         if chunk < 0:
             break
         for p in range(chunk * P // n_chunks, (chunk + 1) * P // n_chunks):
             _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq, xa,
-                   xb, p, n_sub, panel_bytes, five, signed, words, s16, psum, acc, sc, mn, out,
-                   col0, n_rows)  # fmt: skip
+                   xb, p, n_sub, panel_bytes, five, signed, words, acc, out, col0,
+                   n_rows)  # fmt: skip
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq, xa, xb, p,
-           n_sub, panel_bytes, five, signed, words, s16, psum, acc, sc, mn, out, col0,
-           n_rows):  # fmt: skip
+           n_sub, panel_bytes, five, signed, words, acc, out, col0, n_rows):  # fmt: skip
     # out[:, col0 + 16 p ..] = panel p times every activation row; `words` not empty: the
     # panel's values unpacked there first, then multiplied as words (_matmul_worker); `signed`:
     # kernels/simd.py's SIGNED_FIVE (Q5_0)
@@ -397,7 +398,7 @@ def _panel(lanes, hb, d, dm, isc, imn, four_bit, off, sub, sps, has_min, isa, xq
             rows = ROWS
         if code == 0:
             portable_row(isa, lanes, hb, d, dm, isc, imn, p, four_bit, off, signed, sub, sps,
-                         has_min, sc, mn, xq, xa, xb, t, s16, psum, acc)  # fmt: skip
+                         has_min, xq, xa, xb, t, acc)  # fmt: skip
         else:
             x_off, group = act_row(xq, t)  # the activations', scales' and sums' offsets
             s_off, sub_off = p * d.shape[1] * LANES, p * isc.shape[1] * LANES
