@@ -41,7 +41,7 @@ from enginecore.kernels.attention_simd import (
 )
 from enginecore.kernels.claim import counters, next_item, shares_to_claim
 from enginecore.kernels.f16 import kv_store
-from enginecore.kernels.ops import FAST, fast_exp, lane_sum
+from enginecore.kernels.ops import FAST, fast_exp, lane_sum, lanes8_max
 
 # Query tokens per GEMM tile of the BLAS path: smaller tiles skip more of the causal upper
 # triangle (4 tiles of a 512-token chunk compute 62% of the full square) but make more calls.
@@ -94,17 +94,13 @@ def _fmax(a, b):
 
 @njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy", inline="always")
 def _row_max(row):
-    # max(row, -1e30) (not -inf: fastmath assumes finite values) as eight partial maxima: a
-    # max is exact in any order, so this changes no bit, where one running max was a chain
-    # of dependent vmaxss, 4 cycles an element and most of a decode's softmax
-    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.float32(-1e30)
-    end = row.shape[0] // 8 * 8
-    for p in range(0, end, 8):
-        m0, m1 = _fmax(m0, row[p]), _fmax(m1, row[p + 1])
-        m2, m3 = _fmax(m2, row[p + 2]), _fmax(m3, row[p + 3])
-        m4, m5 = _fmax(m4, row[p + 4]), _fmax(m5, row[p + 5])
-        m6, m7 = _fmax(m6, row[p + 6]), _fmax(m7, row[p + 7])
+    # max(row, -1e30) (not -inf: fastmath assumes finite values) as eight partial maxima in
+    # one vector (ops.lanes8_max): a max is exact in any order, so this changes no bit, where
+    # one running max was a chain of dependent vmaxss, 4 cycles an element and most of a
+    # decode's softmax
+    m0, m1, m2, m3, m4, m5, m6, m7 = lanes8_max(row)
     m = _fmax(_fmax(_fmax(m0, m1), _fmax(m2, m3)), _fmax(_fmax(m4, m5), _fmax(m6, m7)))
+    end = row.shape[0] // 8 * 8
     for p in range(end, row.shape[0]):
         m = _fmax(m, row[p])
     return m

@@ -13,13 +13,17 @@ cache (which runs the copy linked into its module) differed by an ulp on a Q4_K_
 a server's first start and its later ones answered differently.
 """
 
+from typing import Any
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 # numba's fast-math flags for the float kernels: all but "reassoc" (above)
 FAST = {"nnan", "ninf", "nsz", "arcp", "contract", "afn"}
+_FLAGS = sorted(FAST)  # the same, on the LLVM instructions of an intrinsic
 
 
 @intrinsic
@@ -56,20 +60,58 @@ def _term(v, square):
     return v * v if square else v
 
 
+def _lanes8(kind: str) -> Any:
+    # lanes8_<kind>(row) -> 8 float32: lane j over row[j::8] of row's whole groups of eight (a
+    # C-contiguous float32 row), in order: the sum ("sum"), the sum of squares ("sumsq") or
+    # the largest value, -1e30 at least ("max", a > b ? a : b). One <8 x float> operation per
+    # group: written as eight scalar chains, LLVM kept them scalar (vaddss, vmaxss: 0.23 and
+    # 0.33 ns a value on the Emerald Rapids host, most of a softmax row's 1.4), and a vector
+    # of lanes does each chain's operations in the same order, so the same bits.
+    def typer(typingctx: Any, row: Any) -> Any:
+        if not (isinstance(row, types.Array) and row.ndim == 1 and row.layout == "C"):
+            return None
+        if row.dtype != types.float32:
+            return None
+        ret = types.UniTuple(types.float32, 8)  # type: ignore[no-untyped-call]
+
+        def codegen(context: Any, b: ir.IRBuilder, sig: Any, args: Any) -> Any:
+            f8 = ir.VectorType(ir.FloatType(), 8)
+            arr = context.make_array(sig.args[0])(context, b, args[0])
+            groups = b.sdiv(b.extract_value(arr.shape, 0), ir.Constant(ir.IntType(64), 8))
+            first = ir.Constant(f8, [-1e30 if kind == "max" else 0.0] * 8)
+            acc = cgutils.alloca_once_value(b, first)  # type: ignore[no-untyped-call]
+            with cgutils.for_range(b, groups) as loop:
+                at = b.gep(arr.data, [b.mul(loop.index, ir.Constant(ir.IntType(64), 8))])
+                x = b.load(b.bitcast(at, f8.as_pointer()), align=4)
+                a = b.load(acc)
+                if kind == "max":
+                    b.store(b.select(b.fcmp_ordered(">", a, x, flags=_FLAGS), a, x), acc)
+                else:
+                    x = b.fmul(x, x, flags=_FLAGS) if kind == "sumsq" else x
+                    b.store(b.fadd(a, x, flags=_FLAGS), acc)
+            lanes = b.load(acc)
+            out = [b.extract_element(lanes, ir.Constant(ir.IntType(32), j)) for j in range(8)]
+            return context.make_tuple(b, ret, out)
+
+        return ret(row), codegen
+
+    return intrinsic(typer)
+
+
+lanes8_sum, lanes8_sumsq, lanes8_max = _lanes8("sum"), _lanes8("sumsq"), _lanes8("max")
+
+
 @njit(cache=True, nogil=True, inline="always")
 def lane_sum(row, square):
     """sum(row), or sum(row ** 2) when square, in an order fixed here: eight partial sums, the
-    j-th over row[j::8] of the whole groups of eight, added pairwise, then the tail in turn.
-    The eight chains are independent, so LLVM packs them into one vector add (with no
-    licence to reorder them); any compile of it gives the same bits."""
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
-    end = row.shape[0] // 8 * 8
-    for p in range(0, end, 8):
-        s0, s1 = s0 + _term(row[p], square), s1 + _term(row[p + 1], square)
-        s2, s3 = s2 + _term(row[p + 2], square), s3 + _term(row[p + 3], square)
-        s4, s5 = s4 + _term(row[p + 4], square), s5 + _term(row[p + 5], square)
-        s6, s7 = s6 + _term(row[p + 6], square), s7 + _term(row[p + 7], square)
+    j-th over row[j::8] of the whole groups of eight (lanes8_sum / _sumsq), added pairwise,
+    then the tail in turn; any compile of it gives the same bits."""
+    if square:
+        s0, s1, s2, s3, s4, s5, s6, s7 = lanes8_sumsq(row)
+    else:
+        s0, s1, s2, s3, s4, s5, s6, s7 = lanes8_sum(row)
     s = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    end = row.shape[0] // 8 * 8
     for p in range(end, row.shape[0]):
         s += _term(row[p], square)
     return s

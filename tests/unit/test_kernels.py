@@ -32,6 +32,34 @@ def test_fast_exp_is_within_a_few_ulp_of_exp() -> None:
     assert np.max(np.abs(got - want) / want) < 3e-7
 
 
+@njit(fastmath=ops.FAST, error_model="numpy")
+def _lane_sum(x, square):
+    return ops.lane_sum(x, square)
+
+
+def _in_lane_order(x: np.ndarray) -> np.float32:
+    """lane_sum's order in numpy float32: eight partial sums over x[j::8] of the whole groups of
+    eight, added pairwise, then the tail in turn."""
+    f = np.float32
+    end = len(x) // 8 * 8
+    s = [f(0.0)] * 8
+    for p in range(0, end, 8):
+        s = [f(s[j] + x[p + j]) for j in range(8)]
+    total = f(f(f(s[0] + s[1]) + f(s[2] + s[3])) + f(f(s[4] + s[5]) + f(s[6] + s[7])))
+    for v in x[end:]:
+        total = f(total + v)
+    return total
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 31, 64, 200, 576])
+def test_lane_sum_adds_in_its_stated_order(n: int) -> None:
+    # the same bits as the order written out (its vector lanes are the eight partial sums)
+    x = randn(n) * 10
+    assert np.float32(_lane_sum(x, False)).tobytes() == _in_lane_order(x).tobytes()
+    want = (x.astype(np.float64) ** 2).sum()
+    np.testing.assert_allclose(_lane_sum(x, True), want, rtol=1e-5)
+
+
 def test_rmsnorm_and_fused_add_rmsnorm() -> None:
     x, y, w = randn(5, 37), randn(5, 37), randn(37)
     out = np.empty_like(x)
