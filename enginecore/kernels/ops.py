@@ -21,6 +21,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from enginecore.kernels.dot import I32, I64, load_at, vec
+
 # numba's fast-math flags for the float kernels: all but "reassoc" (above)
 FAST = {"nnan", "ninf", "nsz", "arcp", "contract", "afn"}
 _FLAGS = sorted(FAST)  # the same, on the LLVM instructions of an intrinsic
@@ -75,14 +77,13 @@ def _lanes8(kind: str) -> Any:
         ret = types.UniTuple(types.float32, 8)  # type: ignore[no-untyped-call]
 
         def codegen(context: Any, b: ir.IRBuilder, sig: Any, args: Any) -> Any:
-            f8 = ir.VectorType(ir.FloatType(), 8)
+            f8 = vec(ir.FloatType(), 8)
             arr = context.make_array(sig.args[0])(context, b, args[0])
-            groups = b.sdiv(b.extract_value(arr.shape, 0), ir.Constant(ir.IntType(64), 8))
+            groups = b.sdiv(b.extract_value(arr.shape, 0), ir.Constant(I64, 8))
             first = ir.Constant(f8, [-1e30 if kind == "max" else 0.0] * 8)
             acc = cgutils.alloca_once_value(b, first)  # type: ignore[no-untyped-call]
             with cgutils.for_range(b, groups) as loop:
-                at = b.gep(arr.data, [b.mul(loop.index, ir.Constant(ir.IntType(64), 8))])
-                x = b.load(b.bitcast(at, f8.as_pointer()), align=4)
+                x = load_at(b, arr.data, b.mul(loop.index, ir.Constant(I64, 8)), f8)
                 a = b.load(acc)
                 if kind == "max":
                     b.store(b.select(b.fcmp_ordered(">", a, x, flags=_FLAGS), a, x), acc)
@@ -90,7 +91,7 @@ def _lanes8(kind: str) -> Any:
                     x = b.fmul(x, x, flags=_FLAGS) if kind == "sumsq" else x
                     b.store(b.fadd(a, x, flags=_FLAGS), acc)
             lanes = b.load(acc)
-            out = [b.extract_element(lanes, ir.Constant(ir.IntType(32), j)) for j in range(8)]
+            out = [b.extract_element(lanes, ir.Constant(I32, j)) for j in range(8)]
             return context.make_tuple(b, ret, out)
 
         return ret(row), codegen
