@@ -16,8 +16,8 @@ the largest difference when a change altered the numerics. Only `enginecore/` co
 Cases: `steps`, ModelRunner forward steps (bench.model's decode batches of each --rows, and a
 --prefill prompt); `matmul`, the integer matmul (panels.int_matmul) of random blocks of each
 --types at the bundled model's shapes and --rows; `attention`, paged_attention over 30 layers'
-caches at --rows decodes of contexts 128..256 (f16 KV cache, the default block size, each
-sequence's blocks one run: streamed from DRAM as in a step).
+caches at --rows decodes of contexts 128..256, or of --context positions each (f16 KV cache,
+the default block size, each sequence's blocks one run: streamed from DRAM as in a step).
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def attention_case(args: argparse.Namespace) -> None:
     bs = EngineConfig().block_size  # the core's default
     print(f"paged_attention, f16 KV cache, blocks of {bs}; ms per 30 calls (a step's layers)")
     for rows in args.rows:
-        ctx = rng.integers(128, 256, rows)
+        ctx = np.full(rows, args.context) if args.context else rng.integers(128, 256, rows)
         n_blocks = int(sum(-(-c // bs) for c in ctx))
         # 30 layers' caches, each sequence's blocks one run (enginecore/free_blocks.py keeps
         # a table's blocks adjacent where it can), the runs in random order over the pool: a
@@ -258,7 +258,8 @@ def attention_case(args: argparse.Namespace) -> None:
             call(0)
         bits = compare(outs)
         times = alternate(calls, args.repeat)
-        line(f"{rows} decodes, contexts 128..256", times, 1e3, "ms", bits)
+        what = f"context {args.context}" if args.context else "contexts 128..256"
+        line(f"{rows} decodes, {what}", times, 1e3, "ms", bits)
 
 
 CASES = {"steps": steps_case, "matmul": matmul_case, "attention": attention_case}
@@ -272,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default="1,16,64", help="decode rows (matmul: activation rows)")
     p.add_argument("--prefill", type=int, default=512, help="steps: a prompt's length, 0: none")
     p.add_argument("--types", default="Q4_1,Q8_0", help="matmul: GGUF types")
+    p.add_argument("--context", type=int, default=0, help="attention: every decode's context")
     p.add_argument("--numerics", default="int16", help="int16 or int8 (steps: exact too)")
     p.add_argument("--kv-cache-dtype", default="f16")
     p.add_argument("--repeat", type=int, default=9, help="calls per side and case")

@@ -55,6 +55,19 @@ CLAIM_MIN_TOKENS = 8
 # Tokens stored on one thread below this many (a parallel region costs more than they do).
 STORE_SERIAL_BELOW = 16
 
+# A token whose visible positions reach into more than one run of SPAN_CHUNK positions (runs
+# at multiples of SPAN_CHUNK) is attended run by run: each (token, heads, run) is an item of
+# its own, so one long sequence gives every worker a share (a one-sequence decode had only its
+# kv heads to share, 3 between 2 workers for SmolLM2), and each head's runs, each with its own
+# maximum, sum and unnormalized weighted values, are joined in run order after the region. The
+# runs are the token's own, never the batch's, so a token's result is the same bits in any
+# batch; a token within one run is attended in one pass (normalized weights, then the values),
+# as before. Runs of 256 made a one-sequence decode's attention at context 4096 0.90x the time
+# but two or sixteen sequences' 1.10x (each run's items, its join); runs of 1024: 0.88x and
+# 0.87x at contexts 4096 and 2048 alone, 1.01x and 0.99x for 2 and 16 sequences (bench.ab
+# --cases attention --context N, bench/README.md).
+SPAN_CHUNK = 1024
+
 
 @njit(cache=True, nogil=True, inline="always")
 def _store_tokens(qkv, t0, t1, slot_mapping, q_dim, kv_dim, k_cache, v_cache):
@@ -113,12 +126,18 @@ def _softmax_row(s, r, lo, lim, scale):
     # negative and wraps each one, which kept these loops from vectorizing (measured: a
     # 64-row decode's attention took 15.2 ms for 30 layers this way, 9.3 ms from 0)
     row = s[r, lo:lim]
+    inv = np.float32(1.0) / _exp_row(row, scale)[1]
+    for p in range(row.shape[0]):
+        row[p] *= inv
+
+
+@njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy", inline="always")
+def _exp_row(row, scale):
+    # row in place -> exp(scale * (row - m)) for m its maximum; (m, the sum of the new row)
     m = _row_max(row)
     for p in range(row.shape[0]):
         row[p] = fast_exp((row[p] - m) * scale)
-    inv = np.float32(1.0) / lane_sum(row, False)
-    for p in range(row.shape[0]):
-        row[p] *= inv
+    return m, lane_sum(row, False)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -201,38 +220,58 @@ def paged_attention(
     # queries further loses the tiles' shared K loads, and measured no faster). Each head's
     # scores and sums are the same operations in the same order either way, so the split
     # never changes a bit.
+    # A long context is split into runs of positions (SPAN_CHUNK), each run an item per
+    # (token, heads) and the runs joined after the region (_join_runs).
     # Each worker claims the items of its share one by one, then what is left of the others'
     # (kernels/claim.py): contexts differ, and a worker may be descheduled. Two passes over a
     # scores row (q.k, then softmax and v) measured 2.7x faster than an online softmax
     # rescaling per block.
     # Arrays are made here, outside the parallel function: one made inside costs its region
     # ~1.7 us, a tenth of a one-token decode's attention.
-    head_dim, bs = k_cache.shape[2], k_cache.shape[3]
-    max_ctx = 1
-    for k in range(tokens.shape[0]):
-        max_ctx = max(max_ctx, positions[tokens[k]] + 1)
+    head_dim, bs, n_kv = k_cache.shape[2], k_cache.shape[3], k_cache.shape[1]
+    n_tokens = tokens.shape[0]
+    per_item = n_heads // n_kv if n_tokens < workers else n_heads  # heads per item
+    groups = n_heads // per_item
+    # token k's items: first_item[k] .. first_item[k + 1] - 1, `groups` per run (SPAN_CHUNK)
+    first_item = np.empty(n_tokens + 1, np.int64)
+    first_item[0] = 0
+    max_ctx, runs = 1, 0
+    for k in range(n_tokens):
+        pos = positions[tokens[k]]
+        max_ctx = max(max_ctx, pos + 1)
+        n_runs = pos // SPAN_CHUNK - _first_visible(pos, window) // SPAN_CHUNK + 1
+        runs = max(runs, n_runs)
+        first_item[k + 1] = first_item[k] + groups * n_runs
     span = -(-max_ctx // bs) * bs  # a scores row holds whole blocks
     # scratch per worker (a few KB, it stays in cache); flat views for the vector tiles
     acc = np.empty((workers, n_heads, head_dim), np.float32)
     qs = np.empty((workers, n_heads, head_dim), np.float32)
     score = np.empty((workers, n_heads, span), np.float32)
+    # each item's heads' maximum, sum and weighted values, when its token has several runs
+    n_parts = first_item[n_tokens] if runs > 1 else 0
+    part_m = np.empty((n_parts, per_item), np.float32)
+    part_l = np.empty((n_parts, per_item), np.float32)
+    part_o = np.empty((n_parts, per_item, head_dim), np.float32)
     _paged_attention(
         qkv, tokens, seq_of_token, positions, block_tables, k_cache.reshape(-1),
-        v_cache.reshape(-1), k_cache.shape[1], n_heads, head_dim, bs, out, workers, window,
-        scale, acc, qs, score, span, counters(workers),
+        v_cache.reshape(-1), n_kv, n_heads, head_dim, bs, out, workers, window, scale, acc,
+        qs, score, span, counters(workers), first_item, per_item, part_m, part_l, part_o,
     )  # fmt: skip
+    if runs > 1:
+        _join_runs(tokens, first_item, per_item, part_m, part_l, part_o, out, acc, workers)
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=FAST, error_model="numpy")
 def _paged_attention(
     qkv, tokens, seq_of_token, positions, block_tables, kf, vf, n_kv, n_heads, head_dim, bs,
-    out, workers, window, scale, acc, qs, score, span, claimed,
+    out, workers, window, scale, acc, qs, score, span, claimed, first_item, per_item, part_m,
+    part_l, part_o,
 ):  # fmt: skip
     # paged_attention's work, its K and V caches flat (kf, vf), its scratch and counters made
     group = n_heads // n_kv
     n_tokens = tokens.shape[0]
-    per_item = group if n_tokens < workers else n_heads  # heads per item
-    n_items = n_tokens * (n_heads // per_item)
+    groups = n_heads // per_item
+    n_items = first_item[n_tokens]
     af, qf, sf = acc.reshape(-1), qs.reshape(-1), score.reshape(-1)
     n_chunks = n_items if n_tokens >= CLAIM_MIN_TOKENS else workers  # one item a chunk
     for w in prange(workers):
@@ -242,12 +281,18 @@ def _paged_attention(
             item = next_item(claimed, w, n_items, shares_to_claim(n_chunks, workers))
             if item < 0:
                 break
-            t = tokens[item * per_item // n_heads]
-            h0 = item * per_item % n_heads
+            k = np.searchsorted(first_item, item, side="right") - 1
+            t = tokens[k]
+            run, g = divmod(item - first_item[k], groups)
+            h0 = g * per_item
             h1 = h0 + per_item
             s = seq_of_token[t]
             ctx = positions[t] + 1
             lo = _first_visible(positions[t], window)
+            whole = first_item[k + 1] - first_item[k] == groups  # one run
+            if not whole:  # this item's run of the visible positions
+                r0 = (lo // SPAN_CHUNK + run) * SPAN_CHUNK
+                lo, ctx = max(lo, r0), min(ctx, r0 + SPAN_CHUNK)
             for h in range(h0, h1):
                 for i in range(head_dim):
                     q[h, i] = qkv[t, h * head_dim + i] * np.float32(scale)
@@ -256,12 +301,51 @@ def _paged_attention(
             _scores(qf, q0, kf, table, lo, ctx, n_kv, group, h0, h1, head_dim, bs, sf, s0,
                     span)  # fmt: skip
             for h in range(h0, h1):  # q was scaled already
-                _softmax_row(sc, h, lo, ctx, np.float32(1.0))
+                if whole:
+                    _softmax_row(sc, h, lo, ctx, np.float32(1.0))
+                else:
+                    part_m[item, h - h0], part_l[item, h - h0] = _exp_row(
+                        sc[h, lo:ctx], np.float32(1.0)
+                    )
             _weighted_values(sf, s0, span, vf, table, lo, ctx, n_kv, group, h0, h1, head_dim,
                              bs, af, q0)  # fmt: skip
             for h in range(h0, h1):
                 for i in range(head_dim):
-                    out[t, h * head_dim + i] = a[h, i]
+                    if whole:
+                        out[t, h * head_dim + i] = a[h, i]
+                    else:
+                        part_o[item, h - h0, i] = a[h, i]
+
+
+@njit(parallel=True, cache=True, nogil=True, fastmath=FAST, error_model="numpy")
+def _join_runs(tokens, first_item, per_item, part_m, part_l, part_o, out, acc, workers):
+    # the split tokens' runs (paged_attention), per head in run order: each run's weighted
+    # values and sum scaled by exp(its maximum - the head's), then the values over the sum
+    n_heads, head_dim = acc.shape[1], acc.shape[2]
+    groups = n_heads // per_item
+    for w in prange(workers):
+        o = acc[w, 0]
+        for th in range(w, tokens.shape[0] * n_heads, workers):
+            k, h = divmod(th, n_heads)
+            n_runs = (first_item[k + 1] - first_item[k]) // groups
+            if n_runs == 1:
+                continue
+            g, j = divmod(h, per_item)
+            at = first_item[k] + g
+            m = np.float32(-1e30)
+            for run in range(n_runs):
+                m = max(m, part_m[at + run * groups, j])
+            total = np.float32(0.0)
+            o[:] = np.float32(0.0)
+            for run in range(n_runs):
+                i = at + run * groups
+                f = fast_exp(part_m[i, j] - m)
+                total += part_l[i, j] * f
+                for d in range(head_dim):
+                    o[d] += part_o[i, j, d] * f
+            inv = np.float32(1.0) / total
+            for d in range(head_dim):
+                out[tokens[k], h * head_dim + d] = o[d] * inv
 
 
 @njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy", inline="always")

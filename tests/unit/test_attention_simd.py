@@ -131,3 +131,42 @@ def test_a_softmax_rows_max_is_the_max_of_its_span() -> None:
     s[1, 33] = 1e6  # one large element, in a partial and in the tail
     assert _row_max(s, 1, 0, 64) == np.float32(1e6)
     assert _row_max(s, 1, 30, 34) == np.float32(1e6)
+
+
+@pytest.mark.parametrize("f16", [False, True])
+@pytest.mark.parametrize("window", [0, 300])
+def test_long_contexts_attend_run_by_run_like_dense_attention(f16: bool, window: int) -> None:
+    """Decodes whose visible keys reach into several runs of SPAN_CHUNK positions (each run an
+    item, the runs' partial softmaxes joined after the region), around and across the runs'
+    edges, alone and in a batch, against float64 attention."""
+    run = attention.SPAN_CHUNK
+    bs, hd, n_kv, n_heads = 16, 64, 3, 9
+    ctxs = [run - 1, run, run + 1, 2 * run - 1, 2 * run + 5, 3 * run + 77, 4 * run + 1]
+    per_seq = -(-max(ctxs) // bs)
+    n_blocks = per_seq * len(ctxs)
+    k = RNG.standard_normal((n_blocks, bs, n_kv, hd)).astype(np.float32)
+    v = RNG.standard_normal((n_blocks, bs, n_kv, hd)).astype(np.float32)
+    if f16:
+        k, v = (a.astype(np.float16).view(np.uint16) for a in (k, v))
+    kc, vc = attention.k_cache_layout(k), attention.v_cache_layout(v)
+    tables = RNG.permutation(n_blocks).astype(np.int32).reshape(len(ctxs), per_seq)
+    positions = np.array([c - 1 for c in ctxs], np.int32)
+    seq = np.arange(len(ctxs), dtype=np.int32)
+    qkv = RNG.standard_normal((len(ctxs), (n_heads + 2 * n_kv) * hd)).astype(np.float32)
+    scale = 0.125
+    out = np.full((len(ctxs), n_heads * hd), np.nan, np.float32)
+    attention.attend(qkv, attention.plan(seq, None), seq, positions, tables, kc, vc, n_heads, out,
+                     window, scale)  # fmt: skip
+    kf, vf = (
+        a.view(np.float16).astype(np.float64) if f16 else a.astype(np.float64) for a in (k, v)
+    )
+    group = n_heads // n_kv
+    for t, p in enumerate(positions):
+        keys = kf[tables[t]].reshape(-1, n_kv, hd)
+        values = vf[tables[t]].reshape(-1, n_kv, hd)
+        lo = max(p + 1 - window, 0) if window else 0
+        for h in range(n_heads):
+            s = keys[lo : p + 1, h // group] @ qkv[t, h * hd : (h + 1) * hd] * scale
+            e = np.exp(s - s.max())
+            ref = (e / e.sum()) @ values[lo : p + 1, h // group]
+            np.testing.assert_allclose(out[t, h * hd : (h + 1) * hd], ref, rtol=1e-4, atol=1e-5)

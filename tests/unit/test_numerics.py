@@ -259,3 +259,29 @@ def test_a_type_not_served_is_refused_naming_tensor_and_type(
     writer.close()
     with pytest.raises(ValueError, match=r"blk\.1\.ffn_up\.weight: GGUF type TQ2_0 is not served"):
         ModelRunner.from_path(tmp_path / "bad.gguf", 4, 8, 0, 64)
+
+
+@pytest.mark.parametrize("window", [0, 300])
+def test_a_long_context_attends_to_the_same_bits_alone_among_others_and_on_any_workers(
+    window: int,
+) -> None:
+    # a context of several SPAN_CHUNK runs is split into items per run, as many as the token
+    # has, whatever the batch (one item per kv head and run alone, all heads per run among
+    # others) and however many workers share them: the same bits every time
+    rng = np.random.default_rng(3)
+    n_heads, hd, n = 9, 64, 6
+    run = attention.SPAN_CHUNK
+    k, v, tables, qkv = _paged_case(rng, 16, n, -(-4 * run // 16))
+    positions = np.array([3 * run + 40, run - 1, 2 * run, run + 3, 50, 4 * run - 1], np.int32)
+    seq = np.arange(n, dtype=np.int32)
+    outs = []
+    for rows, workers in ((1, 1), (1, 2), (1, 3), (2, 2), (n, 2), (n, 3)):
+        out = np.full((rows, n_heads * hd), np.nan, np.float32)
+        attention.paged_attention(qkv[:rows], seq[:rows], seq[:rows], positions[:rows], tables, k,
+                                  v, n_heads, out, workers, window, 0.125)  # fmt: skip
+        outs.append(out)
+    for out in outs[1:]:
+        same_bits(outs[0], out[:1])
+    same_bits(outs[3], outs[4][:2])
+    same_bits(outs[4], outs[5])
+    assert not np.isnan(outs[5]).any()
