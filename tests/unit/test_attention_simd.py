@@ -103,11 +103,21 @@ def test_paged_attention_equals_dense_attention(
     attention.attend(qkv, attention.plan(seq_of_token, None), seq_of_token, positions, tables,
                      attention.k_cache_layout(k), attention.v_cache_layout(v), n_heads, out, window,
                      scale)  # fmt: skip
+    assert_dense(out, qkv, k, v, tables[seq_of_token], positions, window, scale)
+
+
+def assert_dense(
+    out: np.ndarray, qkv: np.ndarray, k: np.ndarray, v: np.ndarray, tables: np.ndarray,
+    positions: np.ndarray, window: int, scale: float,
+) -> None:  # fmt: skip
+    """Each row t of out against float64 attention over the keys it sees: K and V (n_blocks,
+    bs, n_kv, head_dim) in blocks tables[t], positions[t] its last, its last `window` if any."""
+    n_kv, hd = k.shape[2], k.shape[3]
+    n_heads = out.shape[1] // hd
     group = n_heads // n_kv
-    for t in range(n):
-        keys = k[tables[seq_of_token[t]]].reshape(-1, n_kv, hd).astype(np.float64)
-        values = v[tables[seq_of_token[t]]].reshape(-1, n_kv, hd).astype(np.float64)
-        p = positions[t]
+    for t, p in enumerate(positions):
+        keys = k[tables[t]].reshape(-1, n_kv, hd).astype(np.float64)
+        values = v[tables[t]].reshape(-1, n_kv, hd).astype(np.float64)
         lo = max(p + 1 - window, 0) if window else 0
         for h in range(n_heads):
             s = keys[lo : p + 1, h // group] @ qkv[t, h * hd : (h + 1) * hd] * scale
@@ -157,16 +167,5 @@ def test_long_contexts_attend_run_by_run_like_dense_attention(f16: bool, window:
     out = np.full((len(ctxs), n_heads * hd), np.nan, np.float32)
     attention.attend(qkv, attention.plan(seq, None), seq, positions, tables, kc, vc, n_heads, out,
                      window, scale)  # fmt: skip
-    kf, vf = (
-        a.view(np.float16).astype(np.float64) if f16 else a.astype(np.float64) for a in (k, v)
-    )
-    group = n_heads // n_kv
-    for t, p in enumerate(positions):
-        keys = kf[tables[t]].reshape(-1, n_kv, hd)
-        values = vf[tables[t]].reshape(-1, n_kv, hd)
-        lo = max(p + 1 - window, 0) if window else 0
-        for h in range(n_heads):
-            s = keys[lo : p + 1, h // group] @ qkv[t, h * hd : (h + 1) * hd] * scale
-            e = np.exp(s - s.max())
-            ref = (e / e.sum()) @ values[lo : p + 1, h // group]
-            np.testing.assert_allclose(out[t, h * hd : (h + 1) * hd], ref, rtol=1e-4, atol=1e-5)
+    kf, vf = (a.view(np.float16).astype(np.float32) if f16 else a for a in (k, v))
+    assert_dense(out, qkv, kf, vf, tables, positions, window, scale)
