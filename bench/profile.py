@@ -207,8 +207,8 @@ def step_profile(
     if perf:
         perfmap.capture()  # before any kernel loads
     runner = ModelRunner.from_path(
-        resolve(model), BLOCK, FIRST_BLOCK + 64 * SEQ_BLOCKS, 0, 2048, numerics,
-        EngineConfig().kv_cache_dtype,
+        resolve(model), BLOCK, max(FIRST_BLOCK + 64 * SEQ_BLOCKS, -(-prefill // BLOCK)), 0,
+        max(2048, prefill), numerics, EngineConfig().kv_cache_dtype,
     )  # fmt: skip
     runner.warmup()
     if prefill:
