@@ -154,15 +154,11 @@ def steps_case(args: argparse.Namespace) -> None:
     runner_mods, batch_mods = sides(args.base, "model_runner"), sides(args.base, "batch")
     path = resolve(args.model)
     runners = {}
-    # blocks for the decodes (from FIRST_BLOCK) and for the prompt (from 0): nothing checks a
-    # block table against the cache here, so a longer prompt than the cache holds wrote past it
-    # (a 2048-token prompt in 52 blocks: "free(): invalid size" at exit)
-    blocks = max(bm.FIRST_BLOCK + max(args.rows) * bm.SEQ_BLOCKS, -(-args.prefill // bm.BLOCK))
+    blocks, max_len = bm.runner_size(max(args.rows), args.prefill)
     for side, mod in runner_mods.items():
         runners[side] = mod.ModelRunner.from_path(
-            path, bm.BLOCK, blocks, 0, max(2048, args.prefill), args.numerics,
-            args.kv_cache_dtype,
-        )  # fmt: skip
+            path, bm.BLOCK, blocks, 0, max_len, args.numerics, args.kv_cache_dtype
+        )
         runners[side].warmup()
 
     def rebuild(side: str, batch: Any) -> Any:  # bench.model's batch as that side's Batch

@@ -35,6 +35,14 @@ SEQ_BLOCKS = -(-(256 + DECODE_STEPS) // BLOCK)
 FIRST_BLOCK = -(-512 // BLOCK)  # the blocks before hold the 512-token prefill
 
 
+def runner_size(rows: int, prefill: int) -> tuple[int, int]:
+    """(KV blocks, max model length) of a runner for decode batches of up to `rows` sequences
+    (decode_batch's blocks, from FIRST_BLOCK) and a `prefill`-token prompt (prefill_batch's,
+    from 0): nothing outside the engine's block manager checks a block table against the
+    cache, so a prompt longer than the cache would be written past it."""
+    return max(FIRST_BLOCK + rows * SEQ_BLOCKS, -(-prefill // BLOCK)), max(2048, prefill)
+
+
 def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
     """(best, median) seconds of `repeat` calls, after BLAS's idle worker stopped spinning."""
     time.sleep(0.5)
@@ -202,9 +210,8 @@ def bench_mode(
     path: Path, numerics: str, kv: str, repeat: int, dense: dict[int, np.ndarray]
 ) -> None:
     """Every case of one numerics mode (a runner of its own; `dense` is shared by the modes)."""
-    runner = ModelRunner.from_path(
-        path, BLOCK, FIRST_BLOCK + 64 * SEQ_BLOCKS, 0, 2048, numerics, kv
-    )
+    blocks, max_len = runner_size(64, 512)
+    runner = ModelRunner.from_path(path, BLOCK, blocks, 0, max_len, numerics, kv)
     runner.warmup()
     rng = np.random.default_rng(0)
     for cache in (runner.cache.k, runner.cache.v):  # plausible contexts without a long prefill

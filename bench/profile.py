@@ -48,9 +48,9 @@ from bench.model import (
     BLOCK,
     DECODE_STEPS,
     FIRST_BLOCK,
-    SEQ_BLOCKS,
     decode_batch,
     prefill_batch,
+    runner_size,
 )
 from bench.models import resolve
 from enginecore.kernels import attention, dense, dequant, gemm, layer, ops, panels
@@ -206,10 +206,10 @@ def step_profile(
 ) -> None:
     if perf:
         perfmap.capture()  # before any kernel loads
+    blocks, max_len = runner_size(64, prefill)
     runner = ModelRunner.from_path(
-        resolve(model), BLOCK, max(FIRST_BLOCK + 64 * SEQ_BLOCKS, -(-prefill // BLOCK)), 0,
-        max(2048, prefill), numerics, EngineConfig().kv_cache_dtype,
-    )  # fmt: skip
+        resolve(model), BLOCK, blocks, 0, max_len, numerics, EngineConfig().kv_cache_dtype
+    )
     runner.warmup()
     if prefill:
         batches = [prefill_batch(prefill, s) for s in range(steps)]

@@ -309,12 +309,12 @@ def _paged_attention(
                     )
             _weighted_values(sf, s0, span, vf, table, lo, ctx, n_kv, group, h0, h1, head_dim,
                              bs, af, q0)  # fmt: skip
+            if not whole:
+                part_o[item] = a[h0:h1]
+                continue
             for h in range(h0, h1):
                 for i in range(head_dim):
-                    if whole:
-                        out[t, h * head_dim + i] = a[h, i]
-                    else:
-                        part_o[item, h - h0, i] = a[h, i]
+                    out[t, h * head_dim + i] = a[h, i]
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=FAST, error_model="numpy")
