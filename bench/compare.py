@@ -1,8 +1,8 @@
 """tl-serve against llama.cpp's llama-server on the same GGUF, one server at a time, on loopback.
 
-    flock /tmp/tl-heavy.lock .venv/bin/python -m bench.compare [--model bundled] [--phases levels,overload,prefix]
+    flock /tmp/tl-heavy.lock .venv/bin/python -m bench.compare [--model bundled] [--phases levels,overload,prefix,long]
 
-Three phases, each runnable alone (`--phases`), every one a fresh start of each server:
+Four phases, each runnable alone (`--phases`), every one a fresh start of each server:
 
 - levels: the same tl-bench load (chat, streaming, 128 output tokens, temperature 0, a unique
   prompt per request) at concurrency 1, 4, 16 and 64 against tl-serve (in its default numerics;
@@ -16,7 +16,10 @@ Three phases, each runnable alone (`--phases`), every one a fresh start of each 
 - overload: 64 clients against 16 running requests (tl-serve: max_num_seqs 16, queue 8, 429
   beyond; llama-server: 16 slots, everything else queued);
 - prefix: a shared ~1000-token system prompt, tl-serve's radix cache on and off, llama-server
-  (16 slots, its prompt cache on as by default).
+  (16 slots, its prompt cache on as by default);
+- long: unique ~2,000-token prompts at concurrency 1 and 4, tl-serve and llama-server (4 slots
+  of 4096 tokens; tl-serve a KV cache of the same capacity), where a prompt's prefill, and
+  attention over its context, weigh most.
 
 `--model` takes a bench.models name (bundled, Q4_K_M, Q8_0, 360M, 1.7B, ...) or a GGUF path.
 Each run writes its files under bench/out/compare/<model>/ (the machine's own); the model's
@@ -43,7 +46,16 @@ from pathlib import Path
 from typing import Any
 
 from bench import llamacpp
-from bench.compare_load import PY, prefix_flags, run_levels, run_round, tl_bench, wait_quiet
+from bench.compare_load import (
+    PY,
+    long_flags,
+    prefix_flags,
+    run_levels,
+    run_round,
+    tl_bench,
+    wait_quiet,
+    warm_up,
+)
 from bench.compare_overload import MAX_NUM_SEQS, TL_ENGINE, overload
 from bench.compare_report import results_path_for, summary_path_for, write_results
 from bench.isa import blas_as_told
@@ -51,9 +63,10 @@ from bench.models import catalogue, resolve
 from bench.server_process import LLAMACPP_VENV, ROOT, llama_cpp_python, llama_server, tl_serve
 from shared.config import EngineConfig
 
-PHASES = ("levels", "overload", "prefix")
+PHASES = ("levels", "overload", "prefix", "long")
 SLOTS = 64  # llama-server's -np at the levels: a slot for every stream of the highest level
 PREFIX_CTX = 2048  # per-slot context of the prefix phase: ~1000-token prompts and more
+LONG_SLOTS, LONG_CTX = 4, 4096  # the long phase's llama-server: a slot per stream
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -270,6 +283,25 @@ def prefix_phase(args: argparse.Namespace, model: Path, out: Path, binary: Path)
     return {"runs": runs}
 
 
+def long_phase(args: argparse.Namespace, model: Path, out: Path, binary: Path) -> dict[str, Any]:
+    """Unique ~2,000-token prompts at 1 and 4 streams: tl-serve, then llama-server."""
+    tokens = LONG_SLOTS * LONG_CTX
+    runs = []
+    wait_quiet(args.wait_load)
+    blocks = -(-tokens // EngineConfig().block_size)
+    with tl_serve(out, "tl-serve", model_dir=str(model), num_kv_blocks=blocks) as server:
+        warm_up(server)
+        runs.append(tl_bench(server, out / "long-tl-serve.json", args, *long_flags(),
+                             retries=args.retry_disturbed))  # fmt: skip
+    wait_quiet(args.wait_load)
+    label = f"llama-server -np {LONG_SLOTS}"
+    with llama_server(binary, out, model, LONG_SLOTS, LONG_CTX, label=label) as server:
+        warm_up(server)
+        runs.append(tl_bench(server, out / "long-llama-server.json", args, *long_flags(),
+                             retries=args.retry_disturbed))  # fmt: skip
+    return {"runs": runs, "kv_tokens": tokens}
+
+
 def measure(
     args: argparse.Namespace, argv: list[str], model: Path, out: Path, path: Path
 ) -> dict[str, Any]:
@@ -284,7 +316,12 @@ def measure(
     summary = json.loads(path.read_text()) if path.exists() else {}
     if summary.get("model") != str(model):
         summary = {"model": str(model), "phases": {}}
-    run_phase = {"levels": levels_phase, "overload": overload_phase, "prefix": prefix_phase}
+    run_phase = {
+        "levels": levels_phase,
+        "overload": overload_phase,
+        "prefix": prefix_phase,
+        "long": long_phase,
+    }
     for phase in args.phases.split(","):
         started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         record = run_phase[phase](args, model, out, binary)

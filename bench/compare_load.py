@@ -21,6 +21,7 @@ from bench.server_process import ROOT, ServerProcess, busy_cpu_s, get_json, in_c
 PY = str(ROOT / ".venv" / "bin" / "python")
 INPUT_LEN = "32:64"  # words of the unique user prompt, about one token each
 PREFIX_LEN = 1000
+LONG_LEN = "1900:2100"  # words of a long-prompt request (~2,000-2,300 tokens with the template)
 DISTURBED = 0.25  # cores used by other processes during a level that make it worth repeating
 
 
@@ -217,4 +218,16 @@ def prefix_flags() -> list[str]:
         "--input-len", "16",
         "--output-len", "32",
         "--seed", "100",
+    ]  # fmt: skip
+
+
+def long_flags() -> list[str]:
+    """The long-prompt load: 4 requests at concurrency 1 then 4, each a unique prompt of
+    LONG_LEN words, 128 output tokens."""
+    return [
+        "--concurrency", "1,4",
+        "--num-requests", "4",
+        "--input-len", LONG_LEN,
+        "--output-len", "128",
+        "--seed", "300",
     ]  # fmt: skip

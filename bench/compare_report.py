@@ -103,28 +103,58 @@ def table(levels: dict[str, dict[int, LevelReport]], runs: list[dict[str, Any]])
     return rows
 
 
-def prefix_section(runs: list[dict[str, Any]]) -> list[str]:
+def phase_rows(runs: list[dict[str, Any]]) -> list[str]:
+    """A table of a phase's runs (prefix, long), a row per server and concurrency."""
     rows = [
-        "| server | concurrency | completed/failed | TTFT p50 (ms) | TTFT p99 (ms) | output tok/s |",
-        "|---|---:|---|---:|---:|---:|",
+        "| server | concurrency | completed/failed | TTFT p50 (ms) | TTFT p99 (ms) | output tok/s "
+        "| TPOT p50 (ms) | e2e p50 (ms) | CPU cores: server / others |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
-    p50: dict[tuple[str, int], float] = {}
+    for run in runs:
+        for lv in read_run(run).levels:
+            rows.append(
+                f"| {run['label']} | {lv.concurrency} | {_outcome(lv)} | {_ms(lv.ttft_ms, 'p50')} "
+                f"| {_ms(lv.ttft_ms, 'p99')} | {lv.output_tokens_per_s:.1f} "
+                f"| {_ms(lv.tpot_ms, 'p50')} | {_ms(lv.e2e_ms, 'p50')} | {_cpu(run)} |"
+            )
+    return rows
+
+
+def _by_level(runs: list[dict[str, Any]]) -> dict[tuple[str, int], LevelReport]:
+    out = {}
     for run in runs:
         for lv in read_run(run).levels:
             assert lv.concurrency is not None
-            if lv.ttft_ms:
-                p50[(run["label"], lv.concurrency)] = lv.ttft_ms.p50
-            rows.append(
-                f"| {run['label']} | {lv.concurrency} | {_outcome(lv)} | {_ms(lv.ttft_ms, 'p50')} "
-                f"| {_ms(lv.ttft_ms, 'p99')} | {lv.output_tokens_per_s:.1f} |"
-            )
+            out[(str(run["label"]), lv.concurrency)] = lv
+    return out
+
+
+def prefix_section(runs: list[dict[str, Any]]) -> list[str]:
+    rows = phase_rows(runs)
     radix = "tl-serve prefix_cache=radix"
-    for (label, c), value in sorted(p50.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        if label != radix and (radix, c) in p50:
+    by = _by_level(runs)
+    for (label, c), lv in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        base = by.get((radix, c))
+        if label != radix and lv.ttft_ms and base and base.ttft_ms:
             rows.append(
-                f"\nAt concurrency {c}: {label} TTFT p50 {value / p50[(radix, c)]:.1f}x "
+                f"\nAt concurrency {c}: {label} TTFT p50 {lv.ttft_ms.p50 / base.ttft_ms.p50:.1f}x "
                 "tl-serve's with the radix cache."
             )
+    return rows
+
+
+def long_section(runs: list[dict[str, Any]]) -> list[str]:
+    rows = phase_rows(runs)
+    by = _by_level(runs)
+    for (label, c), lv in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        ours = by.get(("tl-serve", c))
+        if label == "tl-serve" or ours is None or not lv.output_tokens_per_s:
+            continue
+        ttft = ""
+        if ours.ttft_ms and lv.ttft_ms:
+            ttft = f", TTFT p50 {ours.ttft_ms.p50:,.0f} / {lv.ttft_ms.p50:,.0f} ms"
+        times = ours.output_tokens_per_s / lv.output_tokens_per_s
+        rows.append(f"\nAt concurrency {c}: tl-serve {times:.2f}x {label}'s output tok/s{ttft}.")
     return rows
 
 
@@ -256,6 +286,18 @@ def model_section(key: str, summary: dict[str, Any], plot_path: Path, results_di
             "runs 16 slots of 2048 tokens with its prompt cache (on by default).",
             "",
             *prefix_section(phases["prefix"]["runs"]),
+            "",
+        ]
+    if "long" in phases:
+        parts += [
+            "### Long prompts: ~2,000 tokens",
+            "",
+            "4 requests per level, each a unique prompt of 1,900-2,100 words (~2,000-2,300 "
+            "tokens with the template), 128 output tokens, at concurrency 1 then 4. "
+            f"llama-server runs 4 slots of 4096 tokens; tl-serve a KV cache of "
+            f"{phases['long']['kv_tokens']:,} tokens too.",
+            "",
+            *long_section(phases["long"]["runs"]),
             "",
         ]
     parts += ["### Machine", "", *machine_section(phases), "", "### Exact commands", "", *commands(phases)]  # fmt: skip

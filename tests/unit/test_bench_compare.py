@@ -10,7 +10,7 @@ import pytest
 
 from bench.compare import model_key
 from bench.compare_load import _reseeded, run_files
-from bench.compare_report import compose, levels_by_label, prefix_section, table
+from bench.compare_report import compose, levels_by_label, long_section, prefix_section, table
 from bench.compare_targets import KQUANT_AND_LARGE, ratios, round_label, target_for
 from bench.load_stats import Dist, LevelReport, RunReport
 from bench.server_process import ROOT
@@ -164,6 +164,27 @@ def test_a_summary_renders_from_its_own_reports_once_the_run_files_are_gone(
     assert any(r.startswith("| llama-server -np 64 | 16 | 8/0 | 123.0 |") for r in rows)
     assert any("| tl-serve | 16 | 8/0 | 900 | 900 | 321.0 |" in r
                for r in prefix_section(summary["runs"]))  # fmt: skip
+
+
+def test_the_long_prompt_phase_puts_tl_serve_beside_llama_server_per_concurrency() -> None:
+    runs = []
+    for label, levels in (
+        ("tl-serve", [level(1, 30.0, 4000), level(4, 60.0, 9000)]),
+        ("llama-server -np 4", [level(1, 10.0, 10000), level(4, 40.0, 30000)]),
+    ):
+        report = RunReport(
+            label=label, base_url="http://127.0.0.1:1", model="m", endpoint="chat",
+            started="2026-12-07T00:00:00+00:00", settings={}, levels=levels,
+        )  # fmt: skip
+        runs.append({"label": label, "report": msgspec.to_builtins(report)})
+    lines = long_section(runs)
+    assert "| llama-server -np 4 | 4 | 8/0 | 30,000 | 30,000 | 40.0 |" in lines[5]
+    assert lines[6:] == [
+        "\nAt concurrency 1: tl-serve 3.00x llama-server -np 4's output tok/s, "
+        "TTFT p50 4,000 / 10,000 ms.",
+        "\nAt concurrency 4: tl-serve 1.50x llama-server -np 4's output tok/s, "
+        "TTFT p50 9,000 / 30,000 ms.",
+    ]
 
 
 def test_a_run_compiled_as_an_older_cpu_is_a_section_of_its_own_with_the_same_targets() -> None:
