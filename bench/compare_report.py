@@ -120,21 +120,18 @@ def phase_rows(runs: list[dict[str, Any]]) -> list[str]:
     return rows
 
 
-def _by_level(runs: list[dict[str, Any]]) -> dict[tuple[str, int], LevelReport]:
-    out = {}
-    for run in runs:
-        for lv in read_run(run).levels:
-            assert lv.concurrency is not None
-            out[(str(run["label"]), lv.concurrency)] = lv
-    return out
+def _by_concurrency(by: dict[str, dict[int, LevelReport]]) -> list[tuple[int, str, LevelReport]]:
+    """(concurrency, label, level) of levels_by_label's, by concurrency, then label."""
+    return sorted(((c, label, lv) for label, by_c in by.items() for c, lv in by_c.items()),
+                  key=lambda x: (x[0], x[1]))  # fmt: skip
 
 
 def prefix_section(runs: list[dict[str, Any]]) -> list[str]:
     rows = phase_rows(runs)
     radix = "tl-serve prefix_cache=radix"
-    by = _by_level(runs)
-    for (label, c), lv in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        base = by.get((radix, c))
+    by = levels_by_label(runs)
+    for c, label, lv in _by_concurrency(by):
+        base = by.get(radix, {}).get(c)
         if label != radix and lv.ttft_ms and base and base.ttft_ms:
             rows.append(
                 f"\nAt concurrency {c}: {label} TTFT p50 {lv.ttft_ms.p50 / base.ttft_ms.p50:.1f}x "
@@ -145,9 +142,9 @@ def prefix_section(runs: list[dict[str, Any]]) -> list[str]:
 
 def long_section(runs: list[dict[str, Any]]) -> list[str]:
     rows = phase_rows(runs)
-    by = _by_level(runs)
-    for (label, c), lv in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        ours = by.get(("tl-serve", c))
+    by = levels_by_label(runs)
+    for c, label, lv in _by_concurrency(by):
+        ours = by.get("tl-serve", {}).get(c)
         if label == "tl-serve" or ours is None or not lv.output_tokens_per_s:
             continue
         ttft = ""
