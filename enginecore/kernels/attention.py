@@ -32,9 +32,11 @@ from enginecore.kernels.attention_simd import (
     LANES,
     PV_HEADS,
     PV_VECS,
+    QK_BLOCKS,
     QK_HEADS,
     pv_scalar,
     pv_tile,
+    qk_blocks,
     qk_scalar,
     qk_tile,
     tile_vecs,
@@ -147,12 +149,40 @@ def _first_visible(pos, window):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _scores(qf, q0, kf, table, lo, ctx, n_kv, group, h0, h1, head_dim, bs, sf, s0, span):
+def _scores(qf, q0, kf, table, lo, ctx, n_kv, group, h0, h1, head_dim, bs, sf, s0, span, offs,
+            cached):  # fmt: skip
     # sf[s0 + h span + p] = q[h] . k[p] for heads h0..h1-1 and the blocks of positions
     # lo..ctx-1 (whole 16-lane pieces: a few past ctx too); q[h] at qf[q0 + h head_dim:]; kf
-    # the flat K cache
+    # the flat K cache; offs: 2 QK_BLOCKS int64 of scratch. Blocks of one vector (16
+    # positions) go through qk_blocks: several blocks a tile when `cached` (the keys are read
+    # by other rows of the batch too, a prefill's: in cache, the fma chains' latency bounds a
+    # tile of one block), else one (a decode's keys stream from DRAM, block after block, and
+    # several blocks' rows in turn measured slower)
     per_block = n_kv * head_dim * bs
     n_blocks = -(-ctx // bs)
+    if bs == LANES:
+        most = tile_vecs(min(QK_HEADS, group), QK_BLOCKS) if cached else 1
+        for b0 in range(lo // bs, n_blocks, most):
+            nb = min(most, n_blocks - b0)
+            for kvh in range(h0 // group, -(-h1 // group)):
+                at = kvh * head_dim * bs
+                for c in range(nb):  # these blocks, then the ones after them to prefetch
+                    offs[c] = table[b0 + c] * per_block + at
+                    nxt = b0 + nb + c
+                    offs[QK_BLOCKS + c] = table[nxt] * per_block + at if nxt < n_blocks else -1
+                    if offs[QK_BLOCKS + c] < 0:
+                        offs[QK_BLOCKS + c] = offs[c]  # (the last tile's: asked for again)
+                g1 = min(h1 - kvh * group, group)
+                for g0 in range(max(h0 - kvh * group, 0), g1, QK_HEADS):
+                    heads = min(QK_HEADS, g1 - g0)
+                    h = kvh * group + g0
+                    q_at, s_at = q0 + h * head_dim, s0 + h * span + b0 * bs
+                    vecs = tile_vecs(heads, QK_BLOCKS)
+                    for c0 in range(0, nb, vecs):
+                        pf = QK_BLOCKS if g0 == 0 else -1
+                        qk_blocks(qf, q_at, head_dim, kf, offs[c0:], bs, head_dim, sf,
+                                  s_at + c0 * bs, span, heads, min(vecs, nb - c0), pf)  # fmt: skip
+        return
     for b in range(lo // bs, n_blocks):
         used = min(bs, ctx - b * bs)
         for kvh in range(h0 // group, -(-h1 // group)):
@@ -247,6 +277,10 @@ def paged_attention(
     acc = np.empty((workers, n_heads, head_dim), np.float32)
     qs = np.empty((workers, n_heads, head_dim), np.float32)
     score = np.empty((workers, n_heads, span), np.float32)
+    offs = np.empty((workers, 2 * QK_BLOCKS), np.int64)  # a q.k tile's blocks (_scores)
+    rows_of = np.zeros(block_tables.shape[0], np.int32)  # each sequence's rows in the batch
+    for k in range(n_tokens):
+        rows_of[seq_of_token[tokens[k]]] += 1
     # each item's heads' maximum, sum and weighted values, when its token has several runs
     n_parts = first_item[n_tokens] if runs > 1 else 0
     part_m = np.empty((n_parts, per_item), np.float32)
@@ -255,7 +289,8 @@ def paged_attention(
     _paged_attention(
         qkv, tokens, seq_of_token, positions, block_tables, k_cache.reshape(-1),
         v_cache.reshape(-1), n_kv, n_heads, head_dim, bs, out, workers, window, scale, acc,
-        qs, score, span, counters(workers), first_item, per_item, part_m, part_l, part_o,
+        qs, score, span, counters(workers), first_item, per_item, part_m, part_l, part_o, offs,
+        rows_of,
     )  # fmt: skip
     if runs > 1:
         _join_runs(tokens, first_item, per_item, part_m, part_l, part_o, out, acc, workers)
@@ -265,7 +300,7 @@ def paged_attention(
 def _paged_attention(
     qkv, tokens, seq_of_token, positions, block_tables, kf, vf, n_kv, n_heads, head_dim, bs,
     out, workers, window, scale, acc, qs, score, span, claimed, first_item, per_item, part_m,
-    part_l, part_o,
+    part_l, part_o, offs, rows_of,
 ):  # fmt: skip
     # paged_attention's work, its K and V caches flat (kf, vf), its scratch and counters made
     group = n_heads // n_kv
@@ -299,7 +334,7 @@ def _paged_attention(
                     a[h, i] = np.float32(0.0)
             table = block_tables[s]
             _scores(qf, q0, kf, table, lo, ctx, n_kv, group, h0, h1, head_dim, bs, sf, s0,
-                    span)  # fmt: skip
+                    span, offs[w], rows_of[s] > 1)  # fmt: skip
             for h in range(h0, h1):  # q was scaled already
                 if whole:
                     _softmax_row(sc, h, lo, ctx, np.float32(1.0))

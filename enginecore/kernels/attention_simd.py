@@ -43,6 +43,10 @@ _WIDE = "avx512f" in host_features()
 QK_HEADS = 4 if _WIDE else 3
 PV_HEADS, PV_VECS = (4, 4) if _WIDE else (3, 2)
 TWO_VEC_HEADS = 4 if _WIDE else 2  # the most heads (rows) of a tile of two vectors
+# Blocks of 16 positions a q.k tile takes at once (qk_blocks): within one block a tile of a
+# kv head's 3 query heads had 3 fma chains, each waiting out the fma's latency (4 cycles) at
+# every step, where 2 ports want 8 chains in flight
+QK_BLOCKS = 4 if _WIDE else 2
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -65,10 +69,18 @@ def _ptr(
 
 
 def _emit_tile(
-    b: ir.IRBuilder, f16: bool, accumulate: bool, heads: int, nv: int, r: dict[str, ir.Value]
+    b: ir.IRBuilder,
+    f16: bool,
+    accumulate: bool,
+    heads: int,
+    nv: int,
+    r: dict[str, ir.Value],
+    bases: list[ir.Value] | None = None,
+    ahead: list[ir.Value] | None = None,
 ) -> None:
     # o[g o_stride + 16 c + lane] (= 0, or its value when `accumulate`) + the fma chain over
-    # i < n of x[g x_stride + i] * kv[i kv_stride + 16 c + lane], for g < heads, c < nv.
+    # i < n of x[g x_stride + i] * kv[i kv_stride + 16 c + lane], for g < heads, c < nv
+    # (with `bases`, vector c's elements at bases[c][i kv_stride + lane] instead).
     # With a prefetch offset (pf_off >= 0), each step also asks for the same row's lines at
     # kv[pf_off + i kv_stride:]: the next block's, whose addresses the hardware cannot guess
     # (a block table is a list of scattered blocks)
@@ -88,12 +100,22 @@ def _emit_tile(
     ]
     with cgutils.for_range(b, r["n"]) as loop:
         i = loop.index
-        row = b.gep(r["kv"], [b.mul(i, r["kv_stride"])])
-        kvs = [_load16(b, b.gep(row, [ir.Constant(I64, LANES * c)]), f16) for c in range(nv)]
+        step = b.mul(i, r["kv_stride"])
+        row = b.gep(r["kv"], [step])
+        kvs = [
+            _load16(b, b.gep(row, [ir.Constant(I64, LANES * c)]), f16)
+            if bases is None
+            else _load16(b, b.gep(bases[c], [step]), f16)
+            for c in range(nv)
+        ]
         with b.if_then(r["prefetch"], likely=True):
-            ahead = b.gep(r["pf"], [b.mul(i, r["kv_stride"])])
-            for line in lines:
-                prefetch_line(b, b.gep(ahead, [ir.Constant(I64, line)]))
+            if ahead is not None:  # a row of each vector's next block: one line
+                for p in ahead:
+                    prefetch_line(b, b.gep(p, [step]))
+            else:
+                nxt = b.gep(r["pf"], [step])
+                for line in lines:
+                    prefetch_line(b, b.gep(nxt, [ir.Constant(I64, line)]))
         for g in range(heads):
             at = b.add(b.mul(ir.Constant(I64, g), r["x_stride"]), i)
             xv = splat_f(b, b.load(b.gep(r["x"], [at])))
@@ -107,6 +129,7 @@ def _emit_tile(
 def _tile(kind: str, max_heads: int, max_vecs: int) -> Any:
     # kind "qk": (q, q_off, q_stride, k, k_off, k_stride, n, s, s_off, s_stride, heads, nv)
     # kind "pv": (w, w_off, w_stride, v, v_off, v_stride, n, a, a_off, a_stride, heads, nv)
+    # kind "qkb": "qk" with k_off an int64 array, vector c's keys from element k_off[c] on
     names = ("x", "x_off", "x_stride", "kv", "kv_off", "kv_stride", "n", "o", "o_off",
              "o_stride", "heads", "nv", "pf_off")  # fmt: skip
 
@@ -116,6 +139,9 @@ def _tile(kind: str, max_heads: int, max_vecs: int) -> Any:
         args = (x, x_off, x_stride, kv, kv_off, kv_stride, n, o, o_off, o_stride, heads, nv,
                 pf_off)  # fmt: skip
         if not all(isinstance(a, types.Array) and a.layout == "C" for a in (x, kv, o)):
+            return None
+        per_vec = kind == "qkb"
+        if per_vec != (isinstance(kv_off, types.Array) and kv_off.dtype == types.int64):
             return None
         if x.dtype != types.float32 or o.dtype != types.float32:
             return None
@@ -127,9 +153,10 @@ def _tile(kind: str, max_heads: int, max_vecs: int) -> Any:
         def codegen(context: Any, b: ir.IRBuilder, sig: Any, vals: Any) -> Any:
             v = dict(zip(names, vals, strict=True))
             ty = dict(zip(names, sig.args, strict=True))
+            kv_at = ir.Constant(I64, 0) if per_vec else as_i64(b, v["kv_off"])
             r = {
                 "x": _ptr(context, b, ty["x"], v["x"], as_i64(b, v["x_off"])),
-                "kv": _ptr(context, b, ty["kv"], v["kv"], as_i64(b, v["kv_off"])),
+                "kv": _ptr(context, b, ty["kv"], v["kv"], kv_at),
                 "o": _ptr(context, b, ty["o"], v["o"], as_i64(b, v["o_off"])),
                 **{k: as_i64(b, v[k]) for k in ("x_stride", "kv_stride", "n", "o_stride")},
             }
@@ -144,7 +171,17 @@ def _tile(kind: str, max_heads: int, max_vecs: int) -> Any:
                         b.icmp_signed("==", nv, ir.Constant(I64, vv)),
                     )
                     with b.if_then(hit):
-                        _emit_tile(b, f16, kind == "pv", hh, vv, r)
+                        bases = ahead = None
+                        if per_vec:  # k_offs[c], and k_offs[pf_off + c] to prefetch
+                            offs = _ptr(context, b, ty["kv_off"], v["kv_off"], ir.Constant(I64, 0))
+
+                            def at(j: ir.Value) -> ir.Value:
+                                return b.gep(r["kv"], [b.load(b.gep(offs, [j]))])  # noqa: B023
+
+                            bases = [at(ir.Constant(I64, c)) for c in range(vv)]
+                            pf = b.select(r["prefetch"], pf_off, ir.Constant(I64, 0))
+                            ahead = [at(b.add(pf, ir.Constant(I64, c))) for c in range(vv)]
+                        _emit_tile(b, f16, kind == "pv", hh, vv, r, bases, ahead)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -158,6 +195,14 @@ def _tile(kind: str, max_heads: int, max_vecs: int) -> Any:
 # * k[k_off + i k_stride + p], as fmas. Any other heads / nv leave s untouched. pf_off >= 0:
 # the same rows of k from element pf_off on are prefetched (never read).
 qk_tile = _tile("qk", QK_HEADS, 2)
+# qk_blocks(q, q_off, q_stride, k, k_offs, k_stride, n, s, s_off, s_stride, heads, nv, pf_off):
+# qk_tile's scores with vector c's keys from flat element k_offs[c] of k on (k_offs int64),
+# so that one tile takes nv blocks of 16 positions wherever the block table put them: for g <
+# heads (<= QK_HEADS), c < nv (<= tile_vecs(heads, QK_BLOCKS)) and lane p < 16, s[s_off + g
+# s_stride + 16 c + p] = the fma chain over i < n of q[q_off + g q_stride + i] * k[k_offs[c] +
+# i k_stride + p]: the same chain, so the same bits, as qk_tile's. pf_off >= 0: each row's
+# line at k[k_offs[pf_off + c] + i k_stride] is prefetched too (the blocks after these).
+qk_blocks = _tile("qkb", QK_HEADS, QK_BLOCKS)
 # pv_tile(w, w_off, w_stride, v, v_off, v_stride, n, a, a_off, a_stride, heads, nv, pf_off):
 # for g < heads (<= PV_HEADS) and d < 16 * nv (nv <= PV_VECS): a[a_off + g a_stride + d] +=
 # w[w_off + g w_stride + j] * v[v_off + j v_stride + d] for j = 0 .. n - 1 in order, as fmas;

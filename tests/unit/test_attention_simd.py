@@ -11,11 +11,14 @@ from enginecore.kernels import attention
 from enginecore.kernels.attention_simd import (
     PV_HEADS,
     PV_VECS,
+    QK_BLOCKS,
     QK_HEADS,
     pv_scalar,
     pv_tile,
+    qk_blocks,
     qk_scalar,
     qk_tile,
+    tile_vecs,
 )
 
 RNG = np.random.default_rng(7)
@@ -25,6 +28,13 @@ RNG = np.random.default_rng(7)
 def _qk_both(q, k, k_stride, n, heads, nv, s_tile, s_scalar):
     qk_tile(q, 3, n + 5, k, 2, k_stride, n, s_tile, 1, 40, heads, nv, 1)  # prefetching k
     qk_scalar(q, 3, n + 5, k, 2, k_stride, n, s_scalar, 1, 40, heads, 16 * nv)
+
+
+@njit(cache=True)
+def _qk_blocks_both(q, k, offs, n, heads, nv, s_tile, s_scalar):
+    qk_blocks(q, 3, n + 5, k, offs, 16, n, s_tile, 1, 70, heads, nv, nv)  # prefetching
+    for c in range(nv):  # each block's 16 positions, their own rows of 16 in k
+        qk_scalar(q, 3, n + 5, k, offs[c], 16, n, s_scalar, 1 + 16 * c, 70, heads, 16)
 
 
 @njit(cache=True)
@@ -56,6 +66,26 @@ def test_qk_tile_is_its_scalar_fma_chain_bit_for_bit(f16: bool) -> None:
 
 
 @pytest.mark.parametrize("f16", [False, True])
+def test_qk_blocks_takes_scattered_blocks_as_the_scalar_fma_chain_bit_for_bit(f16: bool) -> None:
+    n = 48  # head_dim: the rows of a block, 16 positions each
+    for heads in range(1, QK_HEADS + 1):
+        for nv in range(1, tile_vecs(heads, QK_BLOCKS) + 1):
+            blocks = RNG.permutation(9)[:nv]  # scattered, in any order
+            k = _kv((9 * n * 16,), f16)
+            offs = np.concatenate([blocks, blocks[::-1]]) * n * 16  # then the ones to prefetch
+            q = RNG.standard_normal(3 + heads * (n + 5)).astype(np.float32)
+            got, want = (np.full(1 + heads * 70, np.nan, np.float32) for _ in range(2))
+            _qk_blocks_both(q, k, offs, n, heads, nv, got, want)
+            np.testing.assert_array_equal(got, want)
+            assert not np.isnan(got[1 : 1 + 16 * nv]).any()
+            # and it is q . k: head 0, block c's position 3, against float64
+            kf = k.view(np.float16).astype(np.float64) if f16 else k.astype(np.float64)
+            for c in range(nv):
+                ref = q[3 : 3 + n].astype(np.float64) @ kf[offs[c] + 3 : offs[c] + n * 16 : 16]
+                assert abs(got[1 + 16 * c + 3] - ref) < 1e-4
+
+
+@pytest.mark.parametrize("f16", [False, True])
 def test_pv_tile_is_its_scalar_fma_chain_bit_for_bit(f16: bool) -> None:
     for heads in range(1, PV_HEADS + 1):
         for nv in range(1, PV_VECS + 1):
@@ -79,6 +109,7 @@ def test_pv_tile_is_its_scalar_fma_chain_bit_for_bit(f16: bool) -> None:
         (32, 64, 3, 9, 0),
         (64, 80, 1, 7, 0),
         (32, 64, 3, 9, 45),
+        (16, 64, 3, 9, 45),
         (8, 64, 2, 4, 0),
     ],
 )
@@ -104,6 +135,15 @@ def test_paged_attention_equals_dense_attention(
                      attention.k_cache_layout(k), attention.v_cache_layout(v), n_heads, out, window,
                      scale)  # fmt: skip
     assert_dense(out, qkv, k, v, tables[seq_of_token], positions, window, scale)
+    # a prefill row's q.k tiles take several blocks at once (its keys are the chunk's), a row
+    # alone one block a tile: the same fma chains, the same bits
+    for t in (len(ctxs), n - 1):
+        alone = np.full((1, n_heads * hd), np.nan, np.float32)
+        one = np.array([0], np.int32)
+        attention.attend(qkv[t : t + 1], attention.plan(one, None), one, positions[t : t + 1],
+                         tables[seq_of_token[t : t + 1]], attention.k_cache_layout(k),
+                         attention.v_cache_layout(v), n_heads, alone, window, scale)  # fmt: skip
+        np.testing.assert_array_equal(alone[0], out[t])
 
 
 def assert_dense(
