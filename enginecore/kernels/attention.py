@@ -168,10 +168,8 @@ def _scores(qf, q0, kf, table, lo, ctx, n_kv, group, h0, h1, head_dim, bs, sf, s
                 at = kvh * head_dim * bs
                 for c in range(nb):  # these blocks, then the ones after them to prefetch
                     offs[c] = table[b0 + c] * per_block + at
-                    nxt = b0 + nb + c
-                    offs[QK_BLOCKS + c] = table[nxt] * per_block + at if nxt < n_blocks else -1
-                    if offs[QK_BLOCKS + c] < 0:
-                        offs[QK_BLOCKS + c] = offs[c]  # (the last tile's: asked for again)
+                    nxt = b0 + nb + c  # (past the last block: this one, asked for again)
+                    offs[QK_BLOCKS + c] = table[nxt] * per_block + at if nxt < n_blocks else offs[c]
                 g1 = min(h1 - kvh * group, group)
                 for g0 in range(max(h0 - kvh * group, 0), g1, QK_HEADS):
                     heads = min(QK_HEADS, g1 - g0)

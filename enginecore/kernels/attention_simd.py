@@ -82,8 +82,9 @@ def _emit_tile(
     # i < n of x[g x_stride + i] * kv[i kv_stride + 16 c + lane], for g < heads, c < nv
     # (with `bases`, vector c's elements at bases[c][i kv_stride + lane] instead).
     # With a prefetch offset (pf_off >= 0), each step also asks for the same row's lines at
-    # kv[pf_off + i kv_stride:]: the next block's, whose addresses the hardware cannot guess
-    # (a block table is a list of scattered blocks)
+    # kv[pf_off + i kv_stride:] (with `ahead`, one line at ahead[c][i kv_stride] per vector):
+    # the next block's, whose addresses the hardware cannot guess (a block table is a list of
+    # scattered blocks)
     elem = 2 if f16 else 4
     lines = range(0, max(LANES * nv * elem // 64, 1) * 64 // elem, 64 // elem)
 
