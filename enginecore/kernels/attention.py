@@ -263,6 +263,7 @@ def paged_attention(
     # token k's items: first_item[k] .. first_item[k + 1] - 1, `groups` per run (SPAN_CHUNK)
     first_item = np.empty(n_tokens + 1, np.int64)
     first_item[0] = 0
+    rows_of = np.zeros(block_tables.shape[0], np.int32)  # each sequence's rows in the batch
     max_ctx, runs = 1, 0
     for k in range(n_tokens):
         pos = positions[tokens[k]]
@@ -270,15 +271,13 @@ def paged_attention(
         n_runs = pos // SPAN_CHUNK - _first_visible(pos, window) // SPAN_CHUNK + 1
         runs = max(runs, n_runs)
         first_item[k + 1] = first_item[k] + groups * n_runs
+        rows_of[seq_of_token[tokens[k]]] += 1
     span = -(-max_ctx // bs) * bs  # a scores row holds whole blocks
     # scratch per worker (a few KB, it stays in cache); flat views for the vector tiles
     acc = np.empty((workers, n_heads, head_dim), np.float32)
     qs = np.empty((workers, n_heads, head_dim), np.float32)
     score = np.empty((workers, n_heads, span), np.float32)
     offs = np.empty((workers, 2 * QK_BLOCKS), np.int64)  # a q.k tile's blocks (_scores)
-    rows_of = np.zeros(block_tables.shape[0], np.int32)  # each sequence's rows in the batch
-    for k in range(n_tokens):
-        rows_of[seq_of_token[tokens[k]]] += 1
     # each item's heads' maximum, sum and weighted values, when its token has several runs
     n_parts = first_item[n_tokens] if runs > 1 else 0
     part_m = np.empty((n_parts, per_item), np.float32)

@@ -165,6 +165,13 @@ def _tile(kind: str, max_heads: int, max_vecs: int) -> Any:
             r["prefetch"] = b.icmp_signed(">=", pf_off, ir.Constant(I64, 0))
             r["pf"] = _ptr(context, b, ty["kv"], v["kv"], pf_off)
             heads, nv = as_i64(b, v["heads"]), as_i64(b, v["nv"])
+            if per_vec:  # k_offs[c], and k_offs[pf_off + c] to prefetch
+                offs = _ptr(context, b, ty["kv_off"], v["kv_off"], ir.Constant(I64, 0))
+                pf = b.select(r["prefetch"], pf_off, ir.Constant(I64, 0))
+
+                def at(j: ir.Value) -> ir.Value:  # k's element k_offs[j]
+                    return b.gep(r["kv"], [b.load(b.gep(offs, [j]))])
+
             for hh in range(1, max_heads + 1):
                 for vv in range(1, max_vecs + 1):
                     hit = b.and_(
@@ -173,14 +180,8 @@ def _tile(kind: str, max_heads: int, max_vecs: int) -> Any:
                     )
                     with b.if_then(hit):
                         bases = ahead = None
-                        if per_vec:  # k_offs[c], and k_offs[pf_off + c] to prefetch
-                            offs = _ptr(context, b, ty["kv_off"], v["kv_off"], ir.Constant(I64, 0))
-
-                            def at(j: ir.Value) -> ir.Value:
-                                return b.gep(r["kv"], [b.load(b.gep(offs, [j]))])  # noqa: B023
-
+                        if per_vec:  # (the loads in the branch: k_offs may hold only nv)
                             bases = [at(ir.Constant(I64, c)) for c in range(vv)]
-                            pf = b.select(r["prefetch"], pf_off, ir.Constant(I64, 0))
                             ahead = [at(b.add(pf, ir.Constant(I64, c))) for c in range(vv)]
                         _emit_tile(b, f16, kind == "pv", hh, vv, r, bases, ahead)
             return context.get_dummy_value()
